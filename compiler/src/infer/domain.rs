@@ -1,0 +1,507 @@
+//! Abstract values: what inference knows about a run-time value.
+//!
+//! A tensor is known by its dtype, its static shape and its weak flag
+//! (language.md §2); small int and bool tensors (scalars such as loop
+//! counters, literals such as the shape `[3, 4]`) may also carry their
+//! elements, so shapes, axes, slice bounds and tuple indices computed from
+//! them are known at compile time. A function is known by the closures it
+//! may be: graphs with the abstract values they captured, or primitives.
+//!
+//! [`join`] merges the values of two control-flow paths; [`generalize`]
+//! forgets constants that vary, so that recursion on constant ints
+//! terminates.
+
+use std::fmt;
+use std::sync::Arc;
+
+use adjoint_runtime::shape::TensorTy;
+use adjoint_runtime::tensor::{DType, Tensor};
+use adjoint_runtime::value::Value;
+
+use crate::ir::GraphId;
+use crate::prim::Prim;
+
+/// Int and bool tensors with at most this many elements keep their values.
+pub const MAX_CONST_ELEMS: usize = 256;
+
+/// What inference knows about a tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AbsTensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// A weakly typed literal (or computed only from literals).
+    pub weak: bool,
+    /// The elements, row-major, when known: only for int and bool dtypes
+    /// (bools as 0 and 1), with at most [`MAX_CONST_ELEMS`] elements.
+    pub value: Option<Arc<[i64]>>,
+}
+
+impl AbsTensor {
+    /// A tensor of unknown value. Bool is never weak.
+    pub fn new(dtype: DType, shape: Vec<usize>, weak: bool) -> AbsTensor {
+        AbsTensor {
+            dtype,
+            shape,
+            weak: weak && dtype != DType::Bool,
+            value: None,
+        }
+    }
+
+    /// The same tensor with known elements (dropped if the dtype is a float
+    /// or there are too many of them).
+    pub fn with_value(mut self, value: Vec<i64>) -> AbsTensor {
+        let keep = !self.dtype.is_float()
+            && value.len() <= MAX_CONST_ELEMS
+            && Some(value.len()) == adjoint_runtime::shape::checked_size(&self.shape);
+        self.value = if keep {
+            Some(value.into_iter().map(|v| wrap(self.dtype, v)).collect())
+        } else {
+            None
+        };
+        self
+    }
+
+    /// The static type, for shape rules and messages.
+    pub fn ty(&self) -> TensorTy<'_> {
+        TensorTy::new(self.dtype, &self.shape)
+    }
+
+    /// The `(dtype, weak)` pair the runtime's dtype rules take.
+    pub fn weak_dtype(&self) -> (DType, bool) {
+        (self.dtype, self.weak)
+    }
+
+    /// The value of a 0-d int or bool tensor, when known.
+    pub fn scalar_value(&self) -> Option<i64> {
+        match &self.value {
+            Some(v) if self.shape.is_empty() => v.first().copied(),
+            _ => None,
+        }
+    }
+}
+
+/// Normalises an int to what a tensor of `dtype` can hold (two's complement
+/// wrap-around, as the kernels do); bools become 0 or 1.
+pub fn wrap(dtype: DType, v: i64) -> i64 {
+    match dtype {
+        DType::I32 => v as i32 as i64,
+        DType::U8 => v as u8 as i64,
+        DType::Bool => (v != 0) as i64,
+        DType::I64 | DType::F32 | DType::F64 => v,
+    }
+}
+
+/// A function a value may be.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Closure {
+    /// A graph with the abstract values of its free variables, in the order
+    /// of [`crate::ir::analysis::FreeVars`].
+    Graph {
+        graph: GraphId,
+        captures: Vec<AbsVal>,
+    },
+    Prim(Prim),
+}
+
+/// An abstract value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum AbsVal {
+    Tensor(AbsTensor),
+    Tuple(Vec<AbsVal>),
+    /// Named fields in written order.
+    Record(Vec<(Arc<str>, AbsVal)>),
+    /// A string, with its text when known.
+    Str(Option<Arc<str>>),
+    /// One of these closures (more than one after joining control-flow
+    /// paths); never empty.
+    Func(Vec<Closure>),
+    DType(DType),
+    /// The IO state token.
+    Io,
+    /// Not known yet: the provisional result of a recursive call. Joins as
+    /// the identity.
+    Bottom,
+}
+
+impl AbsVal {
+    /// A tensor of unknown value.
+    pub fn tensor(dtype: DType, shape: &[usize]) -> AbsVal {
+        AbsVal::Tensor(AbsTensor::new(dtype, shape.to_vec(), false))
+    }
+
+    /// A scalar of unknown value.
+    pub fn scalar(dtype: DType) -> AbsVal {
+        AbsVal::tensor(dtype, &[])
+    }
+
+    /// A weakly typed scalar of unknown value (`i64` or `f64`).
+    pub fn weak_scalar(dtype: DType) -> AbsVal {
+        AbsVal::Tensor(AbsTensor::new(dtype, Vec::new(), true))
+    }
+
+    /// A known int scalar (`Const::Int` when `weak`).
+    pub fn int(v: i64, weak: bool) -> AbsVal {
+        AbsVal::Tensor(AbsTensor::new(DType::I64, Vec::new(), weak).with_value(vec![v]))
+    }
+
+    /// A known bool scalar.
+    pub fn bool(v: bool) -> AbsVal {
+        AbsVal::Tensor(AbsTensor::new(DType::Bool, Vec::new(), false).with_value(vec![v as i64]))
+    }
+
+    /// The empty tuple `()`.
+    pub fn unit() -> AbsVal {
+        AbsVal::Tuple(Vec::new())
+    }
+
+    pub fn is_unit(&self) -> bool {
+        matches!(self, AbsVal::Tuple(t) if t.is_empty())
+    }
+
+    pub fn is_bottom(&self) -> bool {
+        matches!(self, AbsVal::Bottom)
+    }
+
+    pub fn as_tensor(&self) -> Option<&AbsTensor> {
+        match self {
+            AbsVal::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The value of a known int or bool scalar.
+    pub fn const_int(&self) -> Option<i64> {
+        self.as_tensor().and_then(AbsTensor::scalar_value)
+    }
+
+    /// What inference knows about a concrete tensor (its elements when it
+    /// is a small int or bool tensor).
+    pub fn from_tensor(t: &Tensor) -> AbsVal {
+        let a = AbsTensor::new(t.dtype(), t.shape().to_vec(), t.weak);
+        let a = if !t.dtype().is_float() && t.len() <= MAX_CONST_ELEMS {
+            a.with_value(t.as_i64_vec())
+        } else {
+            a
+        };
+        AbsVal::Tensor(a)
+    }
+
+    /// What inference knows about a run-time value (for entry arguments);
+    /// `None` for functions, whose code the runtime value does not name.
+    pub fn from_value(v: &Value) -> Option<AbsVal> {
+        Some(match v {
+            Value::Tensor(t) => AbsVal::from_tensor(t),
+            Value::Tuple(items) => AbsVal::Tuple(
+                items
+                    .iter()
+                    .map(AbsVal::from_value)
+                    .collect::<Option<Vec<_>>>()?,
+            ),
+            Value::Record(r) => AbsVal::Record(
+                r.fields
+                    .iter()
+                    .map(|(n, v)| Some((n.clone(), AbsVal::from_value(v)?)))
+                    .collect::<Option<Vec<_>>>()?,
+            ),
+            Value::Str(s) => AbsVal::Str(Some(s.clone())),
+            Value::DType(d) => AbsVal::DType(*d),
+            Value::Io => AbsVal::Io,
+            Value::Func(_) => return None,
+        })
+    }
+
+    /// The same value with every known constant forgotten (strings keep
+    /// their text).
+    pub fn widen(&self) -> AbsVal {
+        match self {
+            AbsVal::Tensor(t) => AbsVal::Tensor(AbsTensor {
+                value: None,
+                ..t.clone()
+            }),
+            AbsVal::Tuple(items) => AbsVal::Tuple(items.iter().map(AbsVal::widen).collect()),
+            AbsVal::Record(fields) => AbsVal::Record(
+                fields
+                    .iter()
+                    .map(|(n, v)| (n.clone(), v.widen()))
+                    .collect(),
+            ),
+            AbsVal::Func(cs) => AbsVal::Func(
+                cs.iter()
+                    .map(|c| match c {
+                        Closure::Graph { graph, captures } => Closure::Graph {
+                            graph: *graph,
+                            captures: captures.iter().map(AbsVal::widen).collect(),
+                        },
+                        Closure::Prim(p) => Closure::Prim(*p),
+                    })
+                    .collect(),
+            ),
+            AbsVal::Str(_) | AbsVal::DType(_) | AbsVal::Io | AbsVal::Bottom => self.clone(),
+        }
+    }
+}
+
+/// Joins the values two control-flow paths may produce: equal values join
+/// to themselves; tensors of equal shapes join when their dtypes promote
+/// (a weak literal adopts the other side's dtype); constants that differ
+/// become unknown; closures collect into a set. `None` when the types
+/// differ (the caller names both in its message).
+pub fn join(a: &AbsVal, b: &AbsVal) -> Option<AbsVal> {
+    if a == b {
+        return Some(a.clone());
+    }
+    Some(match (a, b) {
+        (AbsVal::Bottom, x) | (x, AbsVal::Bottom) => x.clone(),
+        (AbsVal::Tensor(x), AbsVal::Tensor(y)) => {
+            if x.shape != y.shape {
+                return None;
+            }
+            let (dtype, weak) = if x.weak_dtype() == y.weak_dtype() {
+                x.weak_dtype()
+            } else {
+                if !x.weak && !y.weak {
+                    return None;
+                }
+                adjoint_runtime::dtype::promote("join", x.weak_dtype(), y.weak_dtype()).ok()?
+            };
+            let value = if x.value == y.value && x.dtype == dtype && y.dtype == dtype {
+                x.value.clone()
+            } else {
+                None
+            };
+            AbsVal::Tensor(AbsTensor {
+                value,
+                ..AbsTensor::new(dtype, x.shape.clone(), weak)
+            })
+        }
+        (AbsVal::Tuple(x), AbsVal::Tuple(y)) => {
+            if x.len() != y.len() {
+                return None;
+            }
+            AbsVal::Tuple(
+                x.iter()
+                    .zip(y)
+                    .map(|(a, b)| join(a, b))
+                    .collect::<Option<Vec<_>>>()?,
+            )
+        }
+        (AbsVal::Record(x), AbsVal::Record(y)) => {
+            if x.len() != y.len() || x.iter().zip(y).any(|((n, _), (m, _))| n != m) {
+                return None;
+            }
+            AbsVal::Record(
+                x.iter()
+                    .zip(y)
+                    .map(|((n, a), (_, b))| Some((n.clone(), join(a, b)?)))
+                    .collect::<Option<Vec<_>>>()?,
+            )
+        }
+        (AbsVal::Str(_), AbsVal::Str(_)) => AbsVal::Str(None),
+        (AbsVal::Func(x), AbsVal::Func(y)) => {
+            let mut out = x.clone();
+            for c in y {
+                add_closure(&mut out, c);
+            }
+            AbsVal::Func(out)
+        }
+        _ => return None,
+    })
+}
+
+/// Adds `c` to a closure set: merged with a closure of the same graph when
+/// their captures join, else appended.
+fn add_closure(set: &mut Vec<Closure>, c: &Closure) {
+    if set.contains(c) {
+        return;
+    }
+    if let Closure::Graph { graph, captures } = c {
+        for existing in set.iter_mut() {
+            if let Closure::Graph {
+                graph: g,
+                captures: caps,
+            } = existing
+            {
+                if g == graph && caps.len() == captures.len() {
+                    let joined: Option<Vec<AbsVal>> =
+                        caps.iter().zip(captures).map(|(a, b)| join(a, b)).collect();
+                    if let Some(j) = joined {
+                        *caps = j;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    set.push(c.clone());
+}
+
+/// `new` with the constants forgotten that differ from those of `old` at
+/// the same place (where both have the same structure). Used to widen the
+/// arguments of a recursive call against those of the calls in progress.
+pub fn generalize(new: &AbsVal, old: &AbsVal) -> AbsVal {
+    match (new, old) {
+        (AbsVal::Tensor(x), AbsVal::Tensor(y)) => {
+            if x.value.is_some() && x.value != y.value {
+                AbsVal::Tensor(AbsTensor {
+                    value: None,
+                    ..x.clone()
+                })
+            } else {
+                new.clone()
+            }
+        }
+        (AbsVal::Tuple(x), AbsVal::Tuple(y)) if x.len() == y.len() => {
+            AbsVal::Tuple(x.iter().zip(y).map(|(a, b)| generalize(a, b)).collect())
+        }
+        (AbsVal::Record(x), AbsVal::Record(y)) if x.len() == y.len() => AbsVal::Record(
+            x.iter()
+                .zip(y)
+                .map(|((n, a), (m, b))| {
+                    (n.clone(), if n == m { generalize(a, b) } else { a.clone() })
+                })
+                .collect(),
+        ),
+        (AbsVal::Str(Some(x)), AbsVal::Str(y)) if y.as_ref() != Some(x) => AbsVal::Str(None),
+        (AbsVal::Func(x), AbsVal::Func(y)) => AbsVal::Func(
+            x.iter()
+                .map(|c| match c {
+                    Closure::Graph { graph, captures } => {
+                        let other = y.iter().find_map(|d| match d {
+                            Closure::Graph {
+                                graph: g,
+                                captures: caps,
+                            } if g == graph && caps.len() == captures.len() => Some(caps),
+                            _ => None,
+                        });
+                        match other {
+                            Some(caps) => Closure::Graph {
+                                graph: *graph,
+                                captures: generalize_all(captures, caps),
+                            },
+                            None => c.clone(),
+                        }
+                    }
+                    Closure::Prim(_) => c.clone(),
+                })
+                .collect(),
+        ),
+        _ => new.clone(),
+    }
+}
+
+/// [`generalize`] pointwise over two lists of the same length.
+pub fn generalize_all(new: &[AbsVal], old: &[AbsVal]) -> Vec<AbsVal> {
+    if new.len() != old.len() {
+        return new.to_vec();
+    }
+    new.iter().zip(old).map(|(a, b)| generalize(a, b)).collect()
+}
+
+/// Types as messages and the IR printer show them: `f32[3, 4]`, `f32[]`,
+/// `(f32[], i64[])`, `{w: f32[4, 3], b: f32[3]}`, `fn`, `str`, `dtype`,
+/// `io`, and `never` for a value that is never produced.
+impl fmt::Display for AbsVal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AbsVal::Tensor(t) => write!(f, "{}", t.ty()),
+            AbsVal::Tuple(items) => {
+                write!(f, "(")?;
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
+                    write!(f, "{v}")?;
+                }
+                if items.len() == 1 {
+                    write!(f, ",")?;
+                }
+                write!(f, ")")
+            }
+            AbsVal::Record(fields) => {
+                write!(f, "{{")?;
+                for (i, (n, v)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
+                    write!(f, "{n}: {v}")?;
+                }
+                write!(f, "}}")
+            }
+            AbsVal::Str(_) => write!(f, "str"),
+            AbsVal::Func(_) => write!(f, "fn"),
+            AbsVal::DType(_) => write!(f, "dtype"),
+            AbsVal::Io => write!(f, "io"),
+            AbsVal::Bottom => write!(f, "never"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DType::*;
+
+    fn t(d: DType, shape: &[usize], weak: bool) -> AbsVal {
+        AbsVal::Tensor(AbsTensor::new(d, shape.to_vec(), weak))
+    }
+
+    #[test]
+    fn display() {
+        assert_eq!(AbsVal::tensor(F32, &[3, 4]).to_string(), "f32[3, 4]");
+        assert_eq!(AbsVal::scalar(F32).to_string(), "f32[]");
+        assert_eq!(
+            AbsVal::Tuple(vec![AbsVal::scalar(F32), AbsVal::int(3, true)]).to_string(),
+            "(f32[], i64[])"
+        );
+        assert_eq!(AbsVal::Tuple(vec![AbsVal::scalar(F32)]).to_string(), "(f32[],)");
+        assert_eq!(
+            AbsVal::Record(vec![
+                ("w".into(), AbsVal::tensor(F32, &[4, 3])),
+                ("b".into(), AbsVal::tensor(F32, &[3])),
+            ])
+            .to_string(),
+            "{w: f32[4, 3], b: f32[3]}"
+        );
+        assert_eq!(AbsVal::Func(vec![Closure::Prim(Prim::Add)]).to_string(), "fn");
+        assert_eq!(AbsVal::Io.to_string(), "io");
+    }
+
+    #[test]
+    fn joins() {
+        let a = t(F32, &[3], false);
+        assert_eq!(join(&a, &a), Some(a.clone()));
+        assert_eq!(join(&a, &t(F32, &[4], false)), None);
+        assert_eq!(join(&a, &t(F64, &[3], false)), None);
+        // a weak literal adopts the strong dtype
+        assert_eq!(join(&t(F64, &[3], true), &a), Some(a.clone()));
+        assert_eq!(join(&t(I64, &[], true), &t(F64, &[], true)), Some(t(F64, &[], true)));
+        assert_eq!(join(&t(I64, &[], false), &t(F64, &[], true)), None);
+        // differing constants become unknown
+        assert_eq!(join(&AbsVal::int(1, true), &AbsVal::int(2, true)), Some(t(I64, &[], true)));
+        assert_eq!(join(&AbsVal::Bottom, &a), Some(a.clone()));
+        let f = AbsVal::Func(vec![Closure::Prim(Prim::Add)]);
+        let g = AbsVal::Func(vec![Closure::Prim(Prim::Mul)]);
+        assert_eq!(
+            join(&f, &g),
+            Some(AbsVal::Func(vec![Closure::Prim(Prim::Add), Closure::Prim(Prim::Mul)]))
+        );
+    }
+
+    #[test]
+    fn generalizes_only_what_varies() {
+        let new = AbsVal::Tuple(vec![AbsVal::int(3, true), AbsVal::int(10, true)]);
+        let old = AbsVal::Tuple(vec![AbsVal::int(2, true), AbsVal::int(10, true)]);
+        assert_eq!(
+            generalize(&new, &old),
+            AbsVal::Tuple(vec![t(I64, &[], true), AbsVal::int(10, true)])
+        );
+    }
+
+    #[test]
+    fn constants_wrap_to_their_dtype() {
+        let x = AbsTensor::new(U8, vec![], false).with_value(vec![300]);
+        assert_eq!(x.scalar_value(), Some(44));
+        let y = AbsTensor::new(F32, vec![], false).with_value(vec![1]);
+        assert_eq!(y.value, None);
+    }
+}

@@ -1,0 +1,770 @@
+//! The abstract interpreter.
+//!
+//! Calling a graph with abstract arguments *specialises* it: the graph's
+//! body is evaluated once per signature (graph, arguments, captured
+//! values), and the result is cached. A `switch` on a known condition takes
+//! only the chosen branch; on an unknown condition both branches are
+//! evaluated and their results joined.
+//!
+//! **Recursion.** A call that reaches a specialisation still in progress
+//! gets that specialisation's current approximation (`Bottom` at first);
+//! the specialisation is then evaluated again until its result is stable.
+//! Specialisations that used the approximation of an enclosing one are
+//! *provisional*: they are evaluated again when next needed, until the
+//! enclosing one is stable.
+//!
+//! **Termination.** Recursion on constant ints (loop counters, `n - 1`)
+//! would make a new specialisation per value. Once a graph has
+//! [`WIDEN_AFTER`] specialisations in progress (or the nesting is deeper
+//! than [`WIDEN_DEPTH`]), the constants of a new call that differ from
+//! those of the calls in progress are forgotten, so the call meets a
+//! specialisation in progress and the recursion closes; constants that do
+//! not vary (a loop bound, a shape) are kept. Nesting deeper than
+//! [`MAX_DEPTH`] is an error. Inference runs on a thread with a large
+//! stack, so that depth is safe.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::rc::Rc;
+
+use super::domain::{generalize_all, join, AbsVal, Closure};
+use super::rules::{self, Calls, RuleCtx, RuleError};
+use super::InferError;
+use crate::ir::analysis::{free_variables, graph_body_with, FreeVars};
+use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
+use crate::prim::Prim;
+
+/// Specialisations of one graph in progress before varying constants of
+/// new calls are widened.
+pub const WIDEN_AFTER: usize = 16;
+/// Nesting of specialisations beyond which varying constants are always
+/// widened.
+pub const WIDEN_DEPTH: usize = 200;
+/// Nesting of specialisations beyond which inference gives up.
+pub const MAX_DEPTH: usize = 2000;
+/// Evaluations of one specialisation before a fixpoint is declared unreachable.
+const MAX_ITERATIONS: usize = 64;
+/// Specialisations in all before inference gives up.
+const MAX_SPECS: usize = 200_000;
+/// Stack of the inference thread.
+const STACK_BYTES: usize = 1 << 30;
+
+/// Gives the type of the data that `load_npy` or `load_safetensors` will
+/// read from a path known at compile time (for instance by reading the
+/// file's header), or a message saying why it cannot.
+pub type LoadTypeFn = dyn Fn(Prim, &str) -> Result<AbsVal, String> + Sync;
+
+/// Options of [`infer_module_with`].
+#[derive(Clone, Copy, Default)]
+pub struct InferOptions<'a> {
+    /// How to type loads; without it, loads are a compile-time error.
+    pub load_type: Option<&'a LoadTypeFn>,
+}
+
+/// Identifies a specialisation in [`Types`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SpecId(pub u32);
+
+impl SpecId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for SpecId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// One specialisation of a graph: its signature, the value of each of its
+/// nodes, and the specialisations its calls reach.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub graph: GraphId,
+    pub args: Vec<AbsVal>,
+    /// The values of the graph's free variables, in the order of
+    /// [`FreeVars`].
+    pub captures: Vec<AbsVal>,
+    pub result: AbsVal,
+    /// Parameters, captured free variables and applications of the graph.
+    pub values: HashMap<NodeId, AbsVal>,
+    /// For each application that calls graphs, the specialisations called
+    /// (several when the callee may be one of several closures).
+    pub calls: HashMap<NodeId, Vec<SpecId>>,
+}
+
+/// The result of inference: every specialisation reachable from the entry.
+#[derive(Clone, Debug)]
+pub struct Types {
+    specs: Vec<Spec>,
+    by_graph: HashMap<GraphId, Vec<SpecId>>,
+    by_node: HashMap<NodeId, Vec<SpecId>>,
+    entry: SpecId,
+}
+
+impl Types {
+    /// The specialisation of the entry graph.
+    pub fn entry(&self) -> SpecId {
+        self.entry
+    }
+
+    /// The entry's result.
+    pub fn result(&self) -> &AbsVal {
+        &self.specs[self.entry.index()].result
+    }
+
+    pub fn spec(&self, id: SpecId) -> &Spec {
+        &self.specs[id.index()]
+    }
+
+    /// Every specialisation, the entry first.
+    pub fn specs(&self) -> impl Iterator<Item = (SpecId, &Spec)> {
+        self.specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (SpecId(i as u32), s))
+    }
+
+    /// The specialisations of graph `g` (none if it is never called).
+    pub fn specs_of(&self, g: GraphId) -> &[SpecId] {
+        self.by_graph.get(&g).map_or(&[], |v| v)
+    }
+
+    /// The value of `n` in every specialisation of its graph, joined;
+    /// `None` if it was never evaluated or the values do not join.
+    pub fn value_of(&self, n: NodeId) -> Option<AbsVal> {
+        let mut acc: Option<AbsVal> = None;
+        for id in self.by_node.get(&n)? {
+            let v = &self.specs[id.index()].values[&n];
+            acc = Some(match acc {
+                None => v.clone(),
+                Some(a) => join(&a, v)?,
+            });
+        }
+        acc
+    }
+
+    /// The type of node `n` as text (`f32[3, 4]`), joined over the
+    /// specialisations of its graph; types that do not join are listed
+    /// (`f32[3] | f32[4]`). Constants other than graphs have their own
+    /// type. `None` for nodes never evaluated.
+    pub fn type_of(&self, m: &Module, n: NodeId) -> Option<String> {
+        if let Some(c) = m.as_const(n) {
+            return match c {
+                Const::Graph(_) | Const::Prim(_) => Some("fn".into()),
+                c => const_value(c).map(|v| v.to_string()),
+            };
+        }
+        if let Some(v) = self.value_of(n) {
+            return Some(v.to_string());
+        }
+        let mut seen: Vec<String> = Vec::new();
+        for id in self.by_node.get(&n)? {
+            let s = self.specs[id.index()].values[&n].to_string();
+            if !seen.contains(&s) {
+                seen.push(s);
+            }
+        }
+        Some(seen.join(" | "))
+    }
+}
+
+/// The abstract value of a constant other than a graph.
+fn const_value(c: &Const) -> Option<AbsVal> {
+    Some(match c {
+        Const::Int(i) => AbsVal::int(*i, true),
+        Const::Float(_) => AbsVal::weak_scalar(adjoint_runtime::tensor::DType::F64),
+        Const::Bool(b) => AbsVal::bool(*b),
+        Const::Str(s) => AbsVal::Str(Some(s.clone())),
+        Const::Unit => AbsVal::unit(),
+        Const::DType(d) => AbsVal::DType(*d),
+        Const::Tensor(t) => AbsVal::from_tensor(t),
+        Const::Prim(p) => AbsVal::Func(vec![Closure::Prim(*p)]),
+        Const::Graph(_) => return None,
+    })
+}
+
+/// Infers the types of everything reachable from `entry` called with
+/// `args`. See [`infer_module_with`].
+pub fn infer_module(m: &Module, entry: GraphId, args: &[AbsVal]) -> Result<Types, InferError> {
+    infer_module_with(m, entry, args, &InferOptions::default())
+}
+
+/// Infers the types of everything reachable from `entry` called with
+/// `args`. Runs on a thread with a large stack so that deeply nested
+/// specialisations cannot overflow the caller's stack.
+pub fn infer_module_with(
+    m: &Module,
+    entry: GraphId,
+    args: &[AbsVal],
+    opts: &InferOptions,
+) -> Result<Types, InferError> {
+    if entry.index() >= m.graphs.len() {
+        return Err(InferError::new(Loc::NONE, format!("no graph {entry}")));
+    }
+    std::thread::scope(|s| {
+        let spawned = std::thread::Builder::new()
+            .name("adjoint-infer".into())
+            .stack_size(STACK_BYTES)
+            .spawn_scoped(s, || run(m, entry, args, opts));
+        match spawned {
+            Ok(handle) => handle.join().unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                Err(InferError::new(
+                    m.graph(entry).loc,
+                    format!("internal error in type inference: {what}"),
+                ))
+            }),
+            // No thread: run here (the depth limit still applies).
+            Err(_) => run(m, entry, args, opts),
+        }
+    })
+}
+
+fn run(m: &Module, entry: GraphId, args: &[AbsVal], opts: &InferOptions) -> Result<Types, InferError> {
+    let mut interp = Interp {
+        m,
+        opts,
+        fv: free_variables(m),
+        bodies: HashMap::new(),
+        specs: Vec::new(),
+        cache: HashMap::new(),
+        frames: Vec::new(),
+        in_progress: HashMap::new(),
+        epoch: 0,
+    };
+    let graph = m.graph(entry);
+    if args.len() != graph.params.len() {
+        return Err(InferError::new(
+            graph.loc,
+            format!(
+                "function @{} expects {} arguments, got {}",
+                graph.name,
+                graph.params.len(),
+                args.len()
+            ),
+        ));
+    }
+    let captures: Vec<AbsVal> = Vec::new();
+    if !interp.fv.get(entry).is_empty() {
+        return Err(InferError::new(
+            graph.loc,
+            format!("internal error: entry graph @{} has free variables", graph.name),
+        ));
+    }
+    let (_, id) = interp.call_graph(entry, args.to_vec(), captures, None)?;
+    Ok(interp.finish(id))
+}
+
+/// The state of a specialisation during inference.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum State {
+    /// Being evaluated by the frame at this position of the stack.
+    InProgress(usize),
+    /// Evaluated with the approximation of a specialisation in progress:
+    /// evaluated again when next called.
+    Provisional,
+    Done,
+}
+
+struct Entry {
+    spec: Spec,
+    state: State,
+    /// The evaluation counter when it was last evaluated.
+    evaluated_at: u64,
+}
+
+/// A specialisation being evaluated.
+struct Frame {
+    spec: usize,
+    /// Stack positions of the enclosing specialisations in progress whose
+    /// approximations this evaluation used (directly or through calls).
+    deps: BTreeSet<usize>,
+    /// Whether the current round used this specialisation's own
+    /// approximation (a recursive call).
+    self_dep: bool,
+    /// Specialisations that became provisional while this one was evaluated.
+    provisional: Vec<usize>,
+}
+
+type Key = (GraphId, Vec<AbsVal>, Vec<AbsVal>);
+
+struct Interp<'a> {
+    m: &'a Module,
+    opts: &'a InferOptions<'a>,
+    fv: FreeVars,
+    bodies: HashMap<GraphId, Rc<[NodeId]>>,
+    specs: Vec<Entry>,
+    cache: HashMap<Key, usize>,
+    frames: Vec<Frame>,
+    /// For each graph, its specialisations in progress, outermost first.
+    in_progress: HashMap<GraphId, Vec<usize>>,
+    epoch: u64,
+}
+
+impl<'a> Interp<'a> {
+    fn loc(&self, n: NodeId) -> Loc {
+        self.m.node(n).loc
+    }
+
+    fn body(&mut self, g: GraphId) -> Rc<[NodeId]> {
+        if let Some(b) = self.bodies.get(&g) {
+            return b.clone();
+        }
+        let b: Rc<[NodeId]> = graph_body_with(self.m, g, &self.fv).into();
+        self.bodies.insert(g, b.clone());
+        b
+    }
+
+    /// Forgets the constants of a call of `g` that vary between it and the
+    /// calls of `g` in progress, once there are many of those or the
+    /// nesting is deep.
+    fn widen(&self, g: GraphId, args: Vec<AbsVal>, captures: Vec<AbsVal>) -> (Vec<AbsVal>, Vec<AbsVal>) {
+        let Some(ancestors) = self.in_progress.get(&g) else {
+            return (args, captures);
+        };
+        if ancestors.len() < WIDEN_AFTER && self.frames.len() < WIDEN_DEPTH {
+            return (args, captures);
+        }
+        let (mut args, mut captures) = (args, captures);
+        for &a in ancestors {
+            let spec = &self.specs[a].spec;
+            args = generalize_all(&args, &spec.args);
+            captures = generalize_all(&captures, &spec.captures);
+        }
+        (args, captures)
+    }
+
+    /// Calls graph `g`; `site` is the calling application (for messages).
+    fn call_graph(
+        &mut self,
+        g: GraphId,
+        args: Vec<AbsVal>,
+        captures: Vec<AbsVal>,
+        site: Option<NodeId>,
+    ) -> Result<(AbsVal, usize), InferError> {
+        let graph = self.m.graph(g);
+        let site_loc = site.map_or(graph.loc, |n| self.loc(n));
+        if args.len() != graph.params.len() {
+            return Err(InferError::new(
+                site_loc,
+                format!(
+                    "function @{} expects {} arguments, got {}",
+                    graph.name,
+                    graph.params.len(),
+                    args.len()
+                ),
+            ));
+        }
+        let (args, captures) = self.widen(g, args, captures);
+        let key: Key = (g, args, captures);
+        let id = match self.cache.get(&key) {
+            Some(&id) => match self.specs[id].state {
+                State::Done => return Ok((self.specs[id].spec.result.clone(), id)),
+                State::InProgress(pos) => {
+                    let top_pos = self.frames.len() - 1;
+                    let top = self.frames.last_mut().expect("a spec in progress has a frame");
+                    if pos == top_pos {
+                        top.self_dep = true;
+                    } else {
+                        top.deps.insert(pos);
+                    }
+                    return Ok((self.specs[id].spec.result.clone(), id));
+                }
+                State::Provisional => id,
+            },
+            None => {
+                if self.specs.len() >= MAX_SPECS {
+                    return Err(InferError::new(
+                        site_loc,
+                        "program needs too many specialisations for type inference",
+                    ));
+                }
+                let id = self.specs.len();
+                let (g, args, captures) = key.clone();
+                self.specs.push(Entry {
+                    spec: Spec {
+                        graph: g,
+                        args,
+                        captures,
+                        result: AbsVal::Bottom,
+                        values: HashMap::new(),
+                        calls: HashMap::new(),
+                    },
+                    state: State::Provisional,
+                    evaluated_at: 0,
+                });
+                self.cache.insert(key, id);
+                id
+            }
+        };
+        if self.frames.len() >= MAX_DEPTH {
+            return Err(InferError::new(
+                site_loc,
+                "program too deeply nested for type inference",
+            ));
+        }
+        self.run_spec(id).map(|v| (v, id))
+    }
+
+    /// Evaluates specialisation `id` to a fixpoint.
+    fn run_spec(&mut self, id: usize) -> Result<AbsVal, InferError> {
+        let g = self.specs[id].spec.graph;
+        let pos = self.frames.len();
+        self.frames.push(Frame {
+            spec: id,
+            deps: BTreeSet::new(),
+            self_dep: false,
+            provisional: Vec::new(),
+        });
+        self.in_progress.entry(g).or_default().push(id);
+        self.specs[id].state = State::InProgress(pos);
+        let outcome = self.fixpoint(id, pos);
+        let frame = self.frames.pop().expect("frame pushed above");
+        debug_assert_eq!(frame.spec, id);
+        if let Some(v) = self.in_progress.get_mut(&g) {
+            v.pop();
+        }
+        let (result, last_epoch) = match outcome {
+            Ok(r) => r,
+            Err(e) => {
+                self.specs[id].state = State::Provisional;
+                return Err(e);
+            }
+        };
+        self.specs[id].spec.result = result.clone();
+        if frame.deps.is_empty() {
+            self.specs[id].state = State::Done;
+            // What was evaluated during the last (stable) round is final.
+            for p in frame.provisional {
+                if self.specs[p].state == State::Provisional
+                    && self.specs[p].evaluated_at >= last_epoch
+                {
+                    self.specs[p].state = State::Done;
+                }
+            }
+        } else {
+            // Used the approximation of an enclosing specialisation.
+            self.specs[id].state = State::Provisional;
+            let parent_pos = pos - 1;
+            let parent = self.frames.last_mut().expect("a dependency is enclosing");
+            for d in frame.deps {
+                if d == parent_pos {
+                    parent.self_dep = true;
+                } else {
+                    parent.deps.insert(d);
+                }
+            }
+            parent.provisional.extend(frame.provisional);
+            parent.provisional.push(id);
+        }
+        Ok(result)
+    }
+
+    /// Evaluates the body of `id` until its result no longer changes; gives
+    /// the result and the epoch at which the last round started.
+    fn fixpoint(&mut self, id: usize, pos: usize) -> Result<(AbsVal, u64), InferError> {
+        let mut approx = self.specs[id].spec.result.clone();
+        for _ in 0..MAX_ITERATIONS {
+            self.epoch += 1;
+            let epoch = self.epoch;
+            self.specs[id].evaluated_at = epoch;
+            self.specs[id].spec.result = approx.clone();
+            self.frames[pos].self_dep = false;
+            let (result, values, calls) = self.eval_body(id)?;
+            let spec = &mut self.specs[id].spec;
+            spec.values = values;
+            spec.calls = calls;
+            let joined = join(&approx, &result).ok_or_else(|| {
+                let graph = self.m.graph(spec.graph);
+                let loc = graph.output.map_or(graph.loc, |o| self.m.node(o).loc);
+                InferError::new(
+                    loc,
+                    format!(
+                        "recursive calls of @{} give different types: {approx} and {result}",
+                        graph.name
+                    ),
+                )
+            })?;
+            if !self.frames[pos].self_dep || joined == approx {
+                return Ok((joined, epoch));
+            }
+            approx = joined;
+        }
+        let graph = self.m.graph(self.specs[id].spec.graph);
+        Err(InferError::new(
+            graph.loc,
+            format!("type inference of @{} does not converge", graph.name),
+        ))
+    }
+
+    /// Evaluates the body of a specialisation once.
+    #[allow(clippy::type_complexity)]
+    fn eval_body(
+        &mut self,
+        id: usize,
+    ) -> Result<(AbsVal, HashMap<NodeId, AbsVal>, HashMap<NodeId, Vec<SpecId>>), InferError> {
+        let g = self.specs[id].spec.graph;
+        let graph = self.m.graph(g);
+        let Some(out) = graph.output else {
+            return Err(InferError::new(
+                graph.loc,
+                format!("internal error: graph @{} has no output", graph.name),
+            ));
+        };
+        let mut values: HashMap<NodeId, AbsVal> = HashMap::new();
+        let spec = &self.specs[id].spec;
+        for (p, v) in graph.params.iter().zip(&spec.args) {
+            values.insert(*p, v.clone());
+        }
+        for (n, v) in self.fv.get(g).iter().zip(&spec.captures) {
+            values.insert(*n, v.clone());
+        }
+        let mut calls = HashMap::new();
+        let body = self.body(g);
+        for &n in body.iter() {
+            let (v, called) = self.eval_apply(n, &values)?;
+            if !called.is_empty() {
+                calls.insert(n, called);
+            }
+            values.insert(n, v);
+        }
+        let result = self.value_of(out, &values, g)?;
+        Ok((result, values, calls))
+    }
+
+    /// The value of node `n` used in graph `g`.
+    fn value_of(&self, n: NodeId, values: &HashMap<NodeId, AbsVal>, g: GraphId) -> Result<AbsVal, InferError> {
+        if let Some(v) = values.get(&n) {
+            return Ok(v.clone());
+        }
+        match &self.m.node(n).kind {
+            NodeKind::Const(Const::Graph(h)) => {
+                let mut captures = Vec::with_capacity(self.fv.get(*h).len());
+                for v in self.fv.get(*h) {
+                    match values.get(v) {
+                        Some(AbsVal::Bottom) => return Ok(AbsVal::Bottom),
+                        Some(x) => captures.push(x.clone()),
+                        None => {
+                            return Err(InferError::new(
+                                self.loc(n),
+                                format!(
+                                    "internal error: free variable {v} of @{} is not available in @{}",
+                                    self.m.graph(*h).name,
+                                    self.m.graph(g).name
+                                ),
+                            ))
+                        }
+                    }
+                }
+                Ok(AbsVal::Func(vec![Closure::Graph {
+                    graph: *h,
+                    captures,
+                }]))
+            }
+            NodeKind::Const(c) => Ok(const_value(c).expect("graph constants handled above")),
+            _ => Err(InferError::new(
+                self.loc(n),
+                format!(
+                    "internal error: node {n} is used in @{} but not available there",
+                    self.m.graph(g).name
+                ),
+            )),
+        }
+    }
+
+    /// Evaluates application `n`; gives its value and the specialisations
+    /// it called.
+    fn eval_apply(
+        &mut self,
+        n: NodeId,
+        values: &HashMap<NodeId, AbsVal>,
+    ) -> Result<(AbsVal, Vec<SpecId>), InferError> {
+        let m = self.m;
+        let g = m.node(n).graph.expect("applications belong to a graph");
+        let inputs = m.inputs(n);
+        let Some((&callee_node, arg_nodes)) = inputs.split_first() else {
+            return Err(InferError::new(self.loc(n), "internal error: application without callee"));
+        };
+        let callee = self.value_of(callee_node, values, g)?;
+        let mut args = Vec::with_capacity(arg_nodes.len());
+        for &a in arg_nodes {
+            args.push(self.value_of(a, values, g)?);
+        }
+        let value_of = |id: NodeId| -> Option<AbsVal> {
+            values
+                .get(&id)
+                .cloned()
+                .or_else(|| m.as_const(id).and_then(const_value))
+        };
+        self.call_value(&callee, args, arg_nodes, n, &value_of)
+    }
+
+    /// Calls function value `f` at application `site`.
+    fn call_value(
+        &mut self,
+        f: &AbsVal,
+        args: Vec<AbsVal>,
+        arg_nodes: &[NodeId],
+        site: NodeId,
+        value_of: &dyn Fn(NodeId) -> Option<AbsVal>,
+    ) -> Result<(AbsVal, Vec<SpecId>), InferError> {
+        let closures = match f {
+            AbsVal::Func(cs) => cs,
+            AbsVal::Bottom => return Ok((AbsVal::Bottom, Vec::new())),
+            other => {
+                return Err(InferError::new(
+                    self.loc(site),
+                    format!("cannot call a value of type {other}"),
+                ))
+            }
+        };
+        let mut called = Vec::new();
+        let mut results: Vec<(AbsVal, Option<GraphId>)> = Vec::with_capacity(closures.len());
+        for c in closures {
+            match c {
+                Closure::Prim(p) => {
+                    let ctx = RuleCtx {
+                        module: self.m,
+                        loc: self.loc(site),
+                        arg_nodes,
+                        value_of,
+                        load_type: self.opts.load_type,
+                    };
+                    let mut nested = SiteCalls {
+                        interp: self,
+                        site,
+                        called: Vec::new(),
+                    };
+                    let r = rules::apply(*p, &ctx, &args, &mut nested);
+                    called.extend(nested.called);
+                    match r {
+                        Ok(v) => results.push((v, None)),
+                        Err(RuleError::Msg(msg)) => return Err(InferError::new(ctx.loc, msg)),
+                        Err(RuleError::Nested(e)) => return Err(e),
+                    }
+                }
+                Closure::Graph { graph, captures } => {
+                    if args.iter().any(AbsVal::is_bottom) {
+                        results.push((AbsVal::Bottom, Some(*graph)));
+                        continue;
+                    }
+                    let (v, id) = self.call_graph(*graph, args.clone(), captures.clone(), Some(site))?;
+                    called.push(SpecId(id as u32));
+                    results.push((v, Some(*graph)));
+                }
+            }
+        }
+        let mut acc = AbsVal::Bottom;
+        for (i, (v, g)) in results.iter().enumerate() {
+            match join(&acc, v) {
+                Some(j) => acc = j,
+                None => return Err(self.branch_error(site, &results[..i], v, *g)),
+            }
+        }
+        Ok((acc, called))
+    }
+
+    /// The error for a call of a set of closures whose results do not join:
+    /// the branches of an `if` when the callee is a `switch`.
+    fn branch_error(
+        &self,
+        site: NodeId,
+        before: &[(AbsVal, Option<GraphId>)],
+        v: &AbsVal,
+        g: Option<GraphId>,
+    ) -> InferError {
+        let first = before
+            .iter()
+            .find(|(w, _)| !w.is_bottom() && join(w, v).is_none())
+            .or(before.first());
+        let (a, ga) = first.map_or((AbsVal::Bottom, None), |(a, ga)| (a.clone(), *ga));
+        let callee = self.m.inputs(site).first().copied();
+        let is_if = callee.and_then(|c| self.m.applied_prim(c)) == Some(Prim::Switch);
+        let message = if is_if {
+            format!("if branches have different types: {a} and {v}")
+        } else {
+            format!("the functions called here return different types: {a} and {v}")
+        };
+        let mut e = InferError::new(self.loc(site), message);
+        for (graph, ty) in [(ga, &a), (g, v)] {
+            if let Some(h) = graph {
+                let graph = self.m.graph(h);
+                let loc = graph.output.map_or(graph.loc, |o| self.m.node(o).loc);
+                let what = if is_if { "this branch" } else { "this function" };
+                e.secondary.push((loc, format!("{what} has type {ty}")));
+            }
+        }
+        e
+    }
+
+    /// Builds the result table: the specialisations reachable from the
+    /// entry through calls, renumbered in order of discovery.
+    fn finish(self, entry: usize) -> Types {
+        let mut new_id: HashMap<usize, u32> = HashMap::new();
+        let mut order = vec![entry];
+        new_id.insert(entry, 0);
+        let mut i = 0;
+        while i < order.len() {
+            let spec = &self.specs[order[i]].spec;
+            let mut sites: Vec<&NodeId> = spec.calls.keys().collect();
+            sites.sort();
+            for site in sites {
+                for callee in &spec.calls[site] {
+                    let c = callee.index();
+                    if let std::collections::hash_map::Entry::Vacant(e) = new_id.entry(c) {
+                        e.insert(order.len() as u32);
+                        order.push(c);
+                    }
+                }
+            }
+            i += 1;
+        }
+        let mut entries: Vec<Option<Entry>> = self.specs.into_iter().map(Some).collect();
+        let mut specs = Vec::with_capacity(order.len());
+        let mut by_graph: HashMap<GraphId, Vec<SpecId>> = HashMap::new();
+        let mut by_node: HashMap<NodeId, Vec<SpecId>> = HashMap::new();
+        for (k, old) in order.iter().enumerate() {
+            let mut spec = entries[*old].take().expect("each spec once").spec;
+            for ids in spec.calls.values_mut() {
+                for id in ids.iter_mut() {
+                    *id = SpecId(new_id[&id.index()]);
+                }
+            }
+            let id = SpecId(k as u32);
+            by_graph.entry(spec.graph).or_default().push(id);
+            let mut nodes: Vec<NodeId> = spec.values.keys().copied().collect();
+            nodes.sort();
+            for n in nodes {
+                by_node.entry(n).or_default().push(id);
+            }
+            specs.push(spec);
+        }
+        Types {
+            specs,
+            by_graph,
+            by_node,
+            entry: SpecId(0),
+        }
+    }
+}
+
+/// Calls made by a primitive's rule (`tree_map`), attributed to its site.
+struct SiteCalls<'i, 'a> {
+    interp: &'i mut Interp<'a>,
+    site: NodeId,
+    called: Vec<SpecId>,
+}
+
+impl Calls for SiteCalls<'_, '_> {
+    fn call(&mut self, f: &AbsVal, args: Vec<AbsVal>) -> Result<AbsVal, InferError> {
+        let (v, ids) = self.interp.call_value(f, args, &[], self.site, &|_| None)?;
+        self.called.extend(ids);
+        Ok(v)
+    }
+}

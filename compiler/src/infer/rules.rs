@@ -1,0 +1,1205 @@
+//! The type-and-shape rule of every primitive, on abstract values.
+//!
+//! [`apply`] selects the rule with one exhaustive `match` over [`Prim`]: a
+//! new primitive does not compile until it has a rule here. Dtypes come
+//! from `adjoint_runtime::dtype` and shapes from `adjoint_runtime::shape`,
+//! the functions the kernels use, so compile-time and run-time errors read
+//! the same. Scalar int and bool arithmetic is folded when every operand is
+//! known, so shapes, axes, slice bounds and tuple indices computed from
+//! constants stay constants.
+
+use std::sync::Arc;
+
+use adjoint_runtime::dtype;
+use adjoint_runtime::shape::{self, IndexComp, IndexStep, TensorTy};
+use adjoint_runtime::tensor::DType;
+
+use super::domain::{join, wrap, AbsTensor, AbsVal, MAX_CONST_ELEMS};
+use super::eval::LoadTypeFn;
+use super::InferError;
+use crate::ir::{Const, Loc, Module, NodeId};
+use crate::prim::Prim;
+
+/// Why a rule failed: a message for the application's location, or an
+/// error raised inside a function the rule called (`tree_map`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RuleError {
+    Msg(String),
+    Nested(InferError),
+}
+
+impl From<String> for RuleError {
+    fn from(m: String) -> RuleError {
+        RuleError::Msg(m)
+    }
+}
+
+impl From<InferError> for RuleError {
+    fn from(e: InferError) -> RuleError {
+        RuleError::Nested(e)
+    }
+}
+
+type Rule = Result<AbsVal, RuleError>;
+
+fn fail<T>(msg: impl Into<String>) -> Result<T, RuleError> {
+    Err(RuleError::Msg(msg.into()))
+}
+
+/// Calls function values for higher-order primitives (`tree_map`).
+pub trait Calls {
+    /// The result of calling `f` with `args`.
+    fn call(&mut self, f: &AbsVal, args: Vec<AbsVal>) -> Result<AbsVal, InferError>;
+}
+
+/// What a rule may look at besides the argument values: the IR (to
+/// recognise the slice form `e : e + c`), the values of other nodes of the
+/// current specialisation, and the loader of file types.
+pub struct RuleCtx<'a> {
+    pub module: &'a Module,
+    /// The location of the application.
+    pub loc: Loc,
+    /// The argument nodes, parallel to the argument values; empty when the
+    /// primitive is called indirectly (by `tree_map`).
+    pub arg_nodes: &'a [NodeId],
+    /// The value of a node in the current specialisation, if computed.
+    pub value_of: &'a dyn Fn(NodeId) -> Option<AbsVal>,
+    /// Gives the type of the data a `load_npy` / `load_safetensors` of a
+    /// constant path will produce.
+    pub load_type: Option<&'a LoadTypeFn>,
+}
+
+/// Applies the rule of `p` to `args`. `Bottom` arguments (values of
+/// recursive calls not known yet) give `Bottom`, except for `switch`,
+/// which only needs its condition.
+pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> Rule {
+    check_arity(p, args.len())?;
+    if p != Prim::Switch && args.iter().any(AbsVal::is_bottom) {
+        return Ok(AbsVal::Bottom);
+    }
+    let op = p.name();
+    match p {
+        Prim::Neg
+        | Prim::Exp
+        | Prim::Log
+        | Prim::Log1p
+        | Prim::Sin
+        | Prim::Cos
+        | Prim::Tanh
+        | Prim::Sigmoid
+        | Prim::Relu
+        | Prim::Sqrt
+        | Prim::Rsqrt
+        | Prim::Abs
+        | Prim::Sign
+        | Prim::Floor
+        | Prim::Ceil
+        | Prim::Lgamma
+        | Prim::Erf
+        | Prim::Not => unary(p, &args[0]),
+        Prim::Add
+        | Prim::Sub
+        | Prim::Mul
+        | Prim::Div
+        | Prim::Pow
+        | Prim::Rem
+        | Prim::Maximum
+        | Prim::Minimum
+        | Prim::Eq
+        | Prim::Ne
+        | Prim::Lt
+        | Prim::Le
+        | Prim::Gt
+        | Prim::Ge
+        | Prim::And
+        | Prim::Or => binary(p, &args[0], &args[1]),
+        Prim::Where => where_(&args[0], &args[1], &args[2]),
+        Prim::Cast => cast(&args[0], &args[1]),
+        Prim::Sum | Prim::Mean | Prim::Max | Prim::Min | Prim::Prod | Prim::Argmax => {
+            reduce(p, &args[0], &args[1], &args[2])
+        }
+        Prim::Reshape => {
+            let x = tensor(op, &args[0])?;
+            let target = known_ints(op, "shape", &args[1])?;
+            let shape = shape::reshape(x.ty(), &target)?;
+            Ok(like(x, shape, x.value.clone()))
+        }
+        Prim::Transpose => {
+            let x = tensor(op, &args[0])?;
+            let perm = opt_known_ints(op, "permutation", &args[1])?;
+            let shape = shape::transpose(x.ty(), perm.as_deref())?;
+            let value = if x.shape.len() <= 1 { x.value.clone() } else { None };
+            Ok(like(x, shape, value))
+        }
+        Prim::BroadcastTo => {
+            let x = tensor(op, &args[0])?;
+            let target = known_shape(op, &args[1])?;
+            let shape = shape::broadcast_to(op, x.ty(), &target)?;
+            let value = x
+                .value
+                .as_ref()
+                .and_then(|v| small(&shape).then(|| broadcast_values(&shape, &x.shape, v)));
+            Ok(like(x, shape, value.map(Arc::from)))
+        }
+        Prim::Concat | Prim::Stack => concat_or_stack(p, &args[0], &args[1]),
+        Prim::ExpandDims => {
+            let x = tensor(op, &args[0])?;
+            let axis = known_int(op, "axis", &args[1])?;
+            let shape = shape::expand_dims(x.ty(), axis)?;
+            Ok(like(x, shape, x.value.clone()))
+        }
+        Prim::Squeeze => {
+            let x = tensor(op, &args[0])?;
+            let axes = opt_known_ints(op, "axis", &args[1])?;
+            let shape = shape::squeeze(x.ty(), axes.as_deref())?;
+            Ok(like(x, shape, x.value.clone()))
+        }
+        Prim::Take => {
+            let x = tensor(op, &args[0])?;
+            let idx = tensor(op, &args[1])?;
+            let axis = if args[2].is_unit() {
+                None
+            } else {
+                Some(known_int(op, "axis", &args[2])?)
+            };
+            let shape = shape::take(x.ty(), idx.ty(), axis)?;
+            Ok(like(x, shape, None))
+        }
+        Prim::Index => index(ctx, &args[0], &args[1..]),
+        Prim::Matmul | Prim::Dot | Prim::Outer => contract(p, &args[0], &args[1]),
+        Prim::Shape => {
+            let x = tensor(op, &args[0])?;
+            Ok(AbsVal::Tuple(
+                x.shape.iter().map(|&d| AbsVal::int(d as i64, true)).collect(),
+            ))
+        }
+        Prim::Size => {
+            let x = tensor(op, &args[0])?;
+            Ok(AbsVal::int(shape::size(&x.shape) as i64, true))
+        }
+        Prim::DTypeOf => Ok(AbsVal::DType(tensor(op, &args[0])?.dtype)),
+        Prim::Zeros | Prim::Ones => {
+            let shape = known_shape(op, &args[0])?;
+            let d = opt_dtype(op, &args[1])?.unwrap_or(DType::F32);
+            Ok(filled(d, shape, Some((p == Prim::Ones) as i64)))
+        }
+        Prim::Full => {
+            let shape = known_shape(op, &args[0])?;
+            let v = tensor(op, &args[1])?;
+            shape::broadcast_to(op, v.ty(), &shape)?;
+            let d = match opt_dtype(op, &args[2])? {
+                Some(d) => d,
+                None if !v.weak => v.dtype,
+                None => DType::F32,
+            };
+            let fill = v.scalar_value().filter(|_| !v.dtype.is_float() && v.shape.is_empty());
+            Ok(filled(d, shape, fill))
+        }
+        Prim::ZerosLike | Prim::OnesLike => {
+            let x = tensor(op, &args[0])?;
+            let fill = (p == Prim::OnesLike) as i64;
+            let n = shape::size(&x.shape);
+            let value = small(&x.shape).then(|| Arc::from(vec![wrap(x.dtype, fill); n]));
+            Ok(like(x, x.shape.clone(), value))
+        }
+        Prim::Arange => {
+            // A negative length gives an empty range, as in the kernel.
+            let n = known_int(op, "length", &args[0])?.max(0) as usize;
+            let d = opt_dtype(op, &args[1])?.unwrap_or(DType::I64);
+            let t = AbsTensor::new(d, vec![n], false);
+            Ok(AbsVal::Tensor(if n <= MAX_CONST_ELEMS {
+                t.with_value((0..n as i64).collect())
+            } else {
+                t
+            }))
+        }
+        Prim::Eye => {
+            let n = known_count(op, "size", &args[0])?;
+            let d = opt_dtype(op, &args[1])?.unwrap_or(DType::F32);
+            Ok(AbsVal::tensor(d, &[n, n]))
+        }
+        Prim::OneHot => {
+            let labels = tensor(op, &args[0])?;
+            let n = known_int(op, "number of classes", &args[1])?;
+            let shape = shape::one_hot(labels.ty(), n)?;
+            let d = opt_dtype(op, &args[2])?.unwrap_or(DType::F32);
+            Ok(AbsVal::tensor(d, &shape))
+        }
+        Prim::Randn | Prim::Rand => {
+            let shape = known_shape(op, &args[0])?;
+            seed(op, &args[1])?;
+            let d = opt_dtype(op, &args[2])?.unwrap_or(DType::F32);
+            if !d.is_float() {
+                return fail(format!("{op}: expected a float dtype, got {d}"));
+            }
+            Ok(AbsVal::tensor(d, &shape))
+        }
+        Prim::Permutation => {
+            let n = known_count(op, "size", &args[0])?;
+            seed(op, &args[1])?;
+            Ok(AbsVal::tensor(DType::I64, &[n]))
+        }
+        Prim::MakeTuple => Ok(AbsVal::Tuple(args.to_vec())),
+        Prim::TupleGet => tuple_get(&args[0], &args[1]),
+        Prim::TupleLen => match &args[0] {
+            AbsVal::Tuple(items) => Ok(AbsVal::int(items.len() as i64, true)),
+            v => fail(format!("tuple_len: expected a tuple, got {v}")),
+        },
+        Prim::MakeRecord => make_record(args),
+        Prim::RecordGet => record_get(&args[0], &args[1]),
+        Prim::TensorLiteral => tensor_literal(args),
+        Prim::Switch => switch(ctx, &args[0], &args[1], &args[2]),
+        Prim::TreeMap => {
+            if !matches!(args[0], AbsVal::Func(_)) {
+                return fail(format!("tree_map: expected a function, got {}", args[0]));
+            }
+            let rest: Vec<&AbsVal> = args[2..].iter().collect();
+            let out = tree_map(&args[0], &args[1], &rest, calls)?;
+            Ok(if contains_bottom(&out) { AbsVal::Bottom } else { out })
+        }
+        Prim::TreeSum => {
+            let mut leaves = Vec::new();
+            collect_leaves(&args[0], &mut leaves);
+            let mut dtypes = Vec::with_capacity(leaves.len());
+            for leaf in leaves {
+                let t = tensor(op, leaf)?;
+                dtypes.push(dtype::reduce_result("sum", t.weak_dtype())?);
+            }
+            let (d, w) = dtype::promote_all(op, &dtypes)?;
+            Ok(AbsVal::Tensor(AbsTensor::new(d, Vec::new(), w)))
+        }
+        Prim::Print => {
+            io_token(op, &args[0])?;
+            Ok(AbsVal::Io)
+        }
+        Prim::LoadNpy | Prim::LoadSafetensors => {
+            io_token(op, &args[0])?;
+            let path = known_path(op, &args[1])?;
+            let Some(load) = ctx.load_type else {
+                return fail(format!(
+                    "{op}: the type of the data in \"{path}\" is not known at compile time"
+                ));
+            };
+            let v = load(p, &path).map_err(RuleError::Msg)?;
+            Ok(AbsVal::Tuple(vec![AbsVal::Io, v]))
+        }
+        Prim::SaveNpy => {
+            io_token(op, &args[0])?;
+            string(op, &args[1])?;
+            tensor(op, &args[2])?;
+            Ok(AbsVal::Io)
+        }
+        Prim::SaveSafetensors => {
+            io_token(op, &args[0])?;
+            string(op, &args[1])?;
+            match &args[2] {
+                AbsVal::Record(fields) => {
+                    for (_, v) in fields {
+                        tensor(op, v)?;
+                    }
+                    Ok(AbsVal::Io)
+                }
+                v => fail(format!("{op}: expected a record of tensors, got {v}")),
+            }
+        }
+    }
+}
+
+fn check_arity(p: Prim, n: usize) -> Result<(), RuleError> {
+    let info = p.info();
+    let want = info.params.len();
+    if n == want || (info.variadic && n > want) {
+        Ok(())
+    } else if info.variadic {
+        fail(format!("{p}: expected at least {want} arguments, got {n}"))
+    } else {
+        fail(format!("{p}: expected {want} arguments, got {n}"))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Argument helpers
+
+fn tensor<'v>(op: &str, v: &'v AbsVal) -> Result<&'v AbsTensor, RuleError> {
+    match v {
+        AbsVal::Tensor(t) => Ok(t),
+        _ => fail(format!("{op}: expected a tensor, got {v}")),
+    }
+}
+
+/// A tensor like `x` (dtype, weak flag) with another shape and value.
+fn like(x: &AbsTensor, shape: Vec<usize>, value: Option<Arc<[i64]>>) -> AbsVal {
+    let mut t = AbsTensor::new(x.dtype, shape, x.weak);
+    t.value = value;
+    AbsVal::Tensor(t)
+}
+
+/// Whether a tensor of this shape is small enough to keep its value.
+fn small(shape: &[usize]) -> bool {
+    shape::checked_size(shape).is_some_and(|n| n <= MAX_CONST_ELEMS)
+}
+
+/// A tensor of `shape` whose elements are all `fill` (when known and the
+/// dtype keeps values).
+fn filled(d: DType, shape: Vec<usize>, fill: Option<i64>) -> AbsVal {
+    let n = shape::size(&shape);
+    let t = AbsTensor::new(d, shape, false);
+    AbsVal::Tensor(match fill {
+        Some(v) if n <= MAX_CONST_ELEMS => t.with_value(vec![v; n]),
+        _ => t,
+    })
+}
+
+fn int_scalar<'v>(op: &str, what: &str, v: &'v AbsVal) -> Result<&'v AbsTensor, RuleError> {
+    match v {
+        AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype.is_int() => Ok(t),
+        _ => fail(format!("{op}: the {what} must be an int, got {v}")),
+    }
+}
+
+/// A seed: an int, or `()` for the default.
+fn seed(op: &str, v: &AbsVal) -> Result<(), RuleError> {
+    if !v.is_unit() {
+        int_scalar(op, "seed", v)?;
+    }
+    Ok(())
+}
+
+/// An int argument that must be known at compile time (an axis, a count).
+fn known_int(op: &str, what: &str, v: &AbsVal) -> Result<i64, RuleError> {
+    int_scalar(op, what, v)?
+        .scalar_value()
+        .ok_or_else(|| RuleError::Msg(format!("the {what} of {op} must be known at compile time")))
+}
+
+/// A non-negative int known at compile time (a length).
+fn known_count(op: &str, what: &str, v: &AbsVal) -> Result<usize, RuleError> {
+    let n = known_int(op, what, v)?;
+    usize::try_from(n).or_else(|_| fail(format!("{op}: the {what} must be >= 0, got {n}")))
+}
+
+/// A bool known at compile time; `()` gives `default`.
+fn bool_const(op: &str, what: &str, v: &AbsVal, default: bool) -> Result<bool, RuleError> {
+    match v {
+        _ if v.is_unit() => Ok(default),
+        AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype == DType::Bool => t
+            .scalar_value()
+            .map(|b| b != 0)
+            .ok_or_else(|| RuleError::Msg(format!("{what} of {op} must be known at compile time"))),
+        _ => fail(format!("{op}: {what} must be a bool, got {v}")),
+    }
+}
+
+/// The ints of a shape, axes or permutation argument: an int tensor of rank
+/// at most 1, or a tuple of int scalars (as `shape(x)` gives). `Ok(None)`
+/// when they are not known.
+fn ints(op: &str, what: &str, v: &AbsVal) -> Result<Option<Vec<i64>>, RuleError> {
+    match v {
+        AbsVal::Tensor(t) if t.shape.len() <= 1 && t.dtype.is_int() => {
+            Ok(t.value.as_ref().map(|v| v.to_vec()))
+        }
+        // `[]`: an empty literal (weakly typed f64)
+        AbsVal::Tensor(t) if t.shape == [0] => Ok(Some(Vec::new())),
+        AbsVal::Tuple(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                match item {
+                    AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype.is_int() => {
+                        match t.scalar_value() {
+                            Some(i) => out.push(i),
+                            None => return Ok(None),
+                        }
+                    }
+                    _ => return fail(format!("{op}: the {what} must be ints, got {v}")),
+                }
+            }
+            Ok(Some(out))
+        }
+        _ => fail(format!("{op}: the {what} must be ints, got {v}")),
+    }
+}
+
+fn known_ints(op: &str, what: &str, v: &AbsVal) -> Result<Vec<i64>, RuleError> {
+    ints(op, what, v)?
+        .ok_or_else(|| RuleError::Msg(format!("the {what} of {op} must be known at compile time")))
+}
+
+/// Optional ints: `()` is "omitted", a single int is a list of one.
+fn opt_known_ints(op: &str, what: &str, v: &AbsVal) -> Result<Option<Vec<i64>>, RuleError> {
+    if v.is_unit() {
+        return Ok(None);
+    }
+    if let AbsVal::Tensor(t) = v {
+        if t.shape.is_empty() && t.dtype.is_int() {
+            return known_int(op, what, v).map(|i| Some(vec![i]));
+        }
+    }
+    known_ints(op, what, v).map(Some)
+}
+
+/// A shape known at compile time, every dimension non-negative.
+fn known_shape(op: &str, v: &AbsVal) -> Result<Vec<usize>, RuleError> {
+    let dims = known_ints(op, "shape", v)?;
+    let shape = dims
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<Vec<_>, _>>()
+        .or_else(|_| fail(format!("{op}: dimensions must be >= 0, got {dims:?}")))?;
+    if shape::checked_size(&shape).is_none() {
+        return fail(format!("{op}: shape {} is too large", shape::fmt_shape(&shape)));
+    }
+    Ok(shape)
+}
+
+fn opt_dtype(op: &str, v: &AbsVal) -> Result<Option<DType>, RuleError> {
+    match v {
+        AbsVal::DType(d) => Ok(Some(*d)),
+        _ if v.is_unit() => Ok(None),
+        _ => fail(format!("{op}: expected a dtype, got {v}")),
+    }
+}
+
+fn string<'v>(op: &str, v: &'v AbsVal) -> Result<&'v Option<Arc<str>>, RuleError> {
+    match v {
+        AbsVal::Str(s) => Ok(s),
+        _ => fail(format!("{op}: expected a string, got {v}")),
+    }
+}
+
+fn known_path(op: &str, v: &AbsVal) -> Result<Arc<str>, RuleError> {
+    string(op, v)?
+        .clone()
+        .ok_or_else(|| RuleError::Msg(format!("the path of {op} must be known at compile time")))
+}
+
+fn io_token(op: &str, v: &AbsVal) -> Result<(), RuleError> {
+    match v {
+        AbsVal::Io => Ok(()),
+        _ => fail(format!("{op}: expected the io token as first argument, got {v}")),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Element-wise primitives
+
+fn unary(p: Prim, x: &AbsVal) -> Rule {
+    let op = p.name();
+    let x = tensor(op, x)?;
+    let (d, w) = dtype::unary_result(op, x.weak_dtype())?;
+    let mut out = AbsTensor::new(d, x.shape.clone(), w);
+    if let (Some(v), true) = (&x.value, d == x.dtype) {
+        let f: Option<fn(i64) -> i64> = match p {
+            Prim::Neg => Some(i64::wrapping_neg),
+            Prim::Abs => Some(i64::wrapping_abs),
+            Prim::Sign => Some(i64::signum),
+            Prim::Relu => Some(|v| v.max(0)),
+            Prim::Floor | Prim::Ceil => Some(|v| v),
+            Prim::Not => Some(|v| (v == 0) as i64),
+            _ => None,
+        };
+        if let Some(f) = f {
+            out = out.with_value(v.iter().map(|&e| f(e)).collect());
+        }
+    }
+    Ok(AbsVal::Tensor(out))
+}
+
+/// The folding function of an int or bool binary primitive; `None` for a
+/// result the kernels would reject (division by zero, negative power).
+fn int_op(p: Prim) -> Option<fn(i64, i64) -> Option<i64>> {
+    Some(match p {
+        Prim::Add => |a: i64, b: i64| Some(a.wrapping_add(b)),
+        Prim::Sub => |a: i64, b: i64| Some(a.wrapping_sub(b)),
+        Prim::Mul => |a: i64, b: i64| Some(a.wrapping_mul(b)),
+        Prim::Div => |a: i64, b: i64| (b != 0).then(|| a.wrapping_div(b)),
+        Prim::Rem => |a: i64, b: i64| (b != 0).then(|| a.wrapping_rem(b)),
+        Prim::Pow => |a: i64, b: i64| u32::try_from(b).ok().map(|b| a.wrapping_pow(b)),
+        Prim::Maximum => |a: i64, b: i64| Some(a.max(b)),
+        Prim::Minimum => |a: i64, b: i64| Some(a.min(b)),
+        Prim::Eq => |a: i64, b: i64| Some((a == b) as i64),
+        Prim::Ne => |a: i64, b: i64| Some((a != b) as i64),
+        Prim::Lt => |a: i64, b: i64| Some((a < b) as i64),
+        Prim::Le => |a: i64, b: i64| Some((a <= b) as i64),
+        Prim::Gt => |a: i64, b: i64| Some((a > b) as i64),
+        Prim::Ge => |a: i64, b: i64| Some((a >= b) as i64),
+        Prim::And => |a: i64, b: i64| Some((a != 0 && b != 0) as i64),
+        Prim::Or => |a: i64, b: i64| Some((a != 0 || b != 0) as i64),
+        _ => return None,
+    })
+}
+
+/// The index into a tensor of shape `in_shape` of the element that
+/// broadcasts to linear position `lin` of a tensor of shape `out`.
+fn broadcast_source(out: &[usize], in_shape: &[usize], mut lin: usize) -> usize {
+    let mut src = 0;
+    let mut stride = 1;
+    for k in 1..=out.len() {
+        let d = out[out.len() - k];
+        let i = lin % d.max(1);
+        lin /= d.max(1);
+        if k <= in_shape.len() {
+            let e = in_shape[in_shape.len() - k];
+            if e != 1 {
+                src += i * stride;
+            }
+            stride *= e;
+        }
+    }
+    src
+}
+
+fn broadcast_values(out: &[usize], in_shape: &[usize], v: &[i64]) -> Vec<i64> {
+    (0..shape::size(out))
+        .map(|i| v[broadcast_source(out, in_shape, i)])
+        .collect()
+}
+
+/// Folds `f` element-wise over broadcast operands, or `None` if an element
+/// does not fold.
+fn fold(
+    out: &[usize],
+    operands: &[(&[usize], &[i64])],
+    f: impl Fn(&[i64]) -> Option<i64>,
+) -> Option<Vec<i64>> {
+    if !small(out) {
+        return None;
+    }
+    let mut args = vec![0; operands.len()];
+    (0..shape::size(out))
+        .map(|i| {
+            for (a, (s, v)) in args.iter_mut().zip(operands) {
+                *a = v[broadcast_source(out, s, i)];
+            }
+            f(&args)
+        })
+        .collect()
+}
+
+fn binary(p: Prim, a: &AbsVal, b: &AbsVal) -> Rule {
+    let op = p.name();
+    let (x, y) = (tensor(op, a)?, tensor(op, b)?);
+    let (operand, _) = dtype::binary_operands(op, x.weak_dtype(), y.weak_dtype())?;
+    let (d, w) = dtype::binary_result(op, x.weak_dtype(), y.weak_dtype())?;
+    let shape = shape::broadcast(op, x.ty(), y.ty())?;
+    let mut out = AbsTensor::new(d, shape, w);
+    if let (Some(xv), Some(yv), Some(f), false) = (&x.value, &y.value, int_op(p), operand.is_float()) {
+        let folded = fold(&out.shape, &[(&x.shape, xv), (&y.shape, yv)], |e| {
+            f(wrap(operand, e[0]), wrap(operand, e[1])).map(|r| wrap(operand, r))
+        });
+        if let Some(v) = folded {
+            out = out.with_value(v);
+        }
+    }
+    Ok(AbsVal::Tensor(out))
+}
+
+fn where_(c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
+    let op = "where";
+    let (c, x, y) = (tensor(op, c)?, tensor(op, a)?, tensor(op, b)?);
+    let (d, w) = dtype::where_result(c.weak_dtype(), x.weak_dtype(), y.weak_dtype())?;
+    let shape = shape::broadcast_all(op, &[c.ty(), x.ty(), y.ty()])?;
+    let mut out = AbsTensor::new(d, shape, w);
+    if let (Some(cv), Some(xv), Some(yv), false) = (&c.value, &x.value, &y.value, d.is_float()) {
+        let ops = [(&c.shape[..], &cv[..]), (&x.shape, xv), (&y.shape, yv)];
+        if let Some(v) = fold(&out.shape, &ops, |e| Some(if e[0] != 0 { e[1] } else { e[2] })) {
+            out = out.with_value(v);
+        }
+    }
+    Ok(AbsVal::Tensor(out))
+}
+
+fn cast(x: &AbsVal, d: &AbsVal) -> Rule {
+    let x = tensor("cast", x)?;
+    let AbsVal::DType(d) = d else {
+        return fail(format!("cast: expected a dtype, got {d}"));
+    };
+    let out = AbsTensor::new(*d, x.shape.clone(), false);
+    Ok(AbsVal::Tensor(match (&x.value, x.dtype.is_float()) {
+        (Some(v), false) => out.with_value(v.to_vec()),
+        _ => out,
+    }))
+}
+
+// ---------------------------------------------------------------------------
+// Reductions, reindexing, contractions
+
+fn reduce(p: Prim, x: &AbsVal, axis: &AbsVal, keepdims: &AbsVal) -> Rule {
+    let op = p.name();
+    let x = tensor(op, x)?;
+    let axes = opt_known_ints(op, "axis", axis)?;
+    let keep = bool_const(op, "keepdims", keepdims, false)?;
+    if let (Prim::Argmax, Some(a)) = (p, &axes) {
+        if a.len() != 1 {
+            return fail(format!("argmax: expected one axis, got {}", a.len()));
+        }
+    }
+    let (d, w) = dtype::reduce_result(op, x.weak_dtype())?;
+    let shape = shape::reduce(op, x.ty(), axes.as_deref(), keep)?;
+    Ok(AbsVal::Tensor(AbsTensor::new(d, shape, w)))
+}
+
+fn concat_or_stack(p: Prim, xs: &AbsVal, axis: &AbsVal) -> Rule {
+    let op = p.name();
+    let AbsVal::Tuple(items) = xs else {
+        return fail(format!("{op}: expected a tuple of tensors, got {xs}"));
+    };
+    let ts = items
+        .iter()
+        .map(|v| tensor(op, v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let axis = known_int(op, "axis", axis)?;
+    let tys: Vec<TensorTy> = ts.iter().map(|t| t.ty()).collect();
+    let dts: Vec<(DType, bool)> = ts.iter().map(|t| t.weak_dtype()).collect();
+    let (d, w) = dtype::promote_all(op, &dts)?;
+    let (shape, ndim) = if p == Prim::Stack {
+        (shape::stack(&tys, axis)?, tys[0].ndim() + 1)
+    } else {
+        (shape::concat(&tys, axis)?, tys[0].ndim())
+    };
+    let mut out = AbsTensor::new(d, shape, w);
+    // Along the first axis the elements are the operands' one after another.
+    if shape::normalize_axis(axis, ndim) == Some(0) && !d.is_float() {
+        let values: Option<Vec<i64>> = ts
+            .iter()
+            .map(|t| t.value.as_ref().map(|v| v.to_vec()))
+            .collect::<Option<Vec<_>>>()
+            .map(|vs| vs.concat());
+        if let Some(v) = values {
+            out = out.with_value(v);
+        }
+    }
+    Ok(AbsVal::Tensor(out))
+}
+
+fn contract(p: Prim, a: &AbsVal, b: &AbsVal) -> Rule {
+    let op = if p == Prim::Matmul { "`@`" } else { p.name() };
+    let (x, y) = (tensor(op, a)?, tensor(op, b)?);
+    if x.dtype == DType::Bool || y.dtype == DType::Bool {
+        return fail(format!(
+            "{op}: expected numeric operands, got {} and {}",
+            x.ty(),
+            y.ty()
+        ));
+    }
+    let (d, w) = dtype::promote(op, x.weak_dtype(), y.weak_dtype())?;
+    let shape = match p {
+        Prim::Dot => shape::dot(x.ty(), y.ty())?,
+        Prim::Outer => shape::outer(x.ty(), y.ty())?,
+        _ => shape::matmul(x.ty(), y.ty())?,
+    };
+    Ok(AbsVal::Tensor(AbsTensor::new(d, shape, w)))
+}
+
+/// A slice bound: omitted (`()`), a known int, or an int known only at run
+/// time.
+enum Bound {
+    Known(Option<i64>),
+    Dynamic,
+}
+
+fn bound(v: &AbsVal) -> Result<Bound, RuleError> {
+    if v.is_unit() {
+        return Ok(Bound::Known(None));
+    }
+    let t = int_scalar("index", "slice bound", v)?;
+    Ok(t.scalar_value().map_or(Bound::Dynamic, |i| Bound::Known(Some(i))))
+}
+
+/// Whether two nodes compute the same value: the same node, equal
+/// constants, or the same operation on nodes that compute the same values.
+fn same_expr(m: &Module, a: NodeId, b: NodeId, depth: u32) -> bool {
+    if a == b {
+        return true;
+    }
+    if depth == 0 {
+        return false;
+    }
+    if let (Some(x), Some(y)) = (m.as_const(a), m.as_const(b)) {
+        return x == y;
+    }
+    let (ia, ib) = (m.inputs(a), m.inputs(b));
+    !ia.is_empty()
+        && ia.len() == ib.len()
+        && ia.iter().zip(ib).all(|(x, y)| same_expr(m, *x, *y, depth - 1))
+}
+
+/// Recognises the slice `e : e + c` in the IR: `node` is `make_tuple(lo,
+/// hi)` with `hi = add(lo', c)` or `add(c, lo')`, `lo'` computing the same
+/// value as `lo`, and `c` a known int. Gives `c`.
+fn window_len(ctx: &RuleCtx, node: NodeId) -> Option<i64> {
+    let m = ctx.module;
+    if m.applied_prim(node) != Some(Prim::MakeTuple) {
+        return None;
+    }
+    let &[_, lo, hi] = m.inputs(node) else {
+        return None;
+    };
+    if m.applied_prim(hi) != Some(Prim::Add) {
+        return None;
+    }
+    let &[_, x, y] = m.inputs(hi) else {
+        return None;
+    };
+    let known = |n: NodeId| match m.as_const(n) {
+        Some(Const::Int(c)) => Some(*c),
+        _ => (ctx.value_of)(n).and_then(|v| v.const_int()),
+    };
+    if same_expr(m, x, lo, 16) {
+        known(y)
+    } else if same_expr(m, y, lo, 16) {
+        known(x)
+    } else {
+        None
+    }
+}
+
+fn index_comp(ctx: &RuleCtx, v: &AbsVal, node: Option<NodeId>) -> Result<IndexComp, RuleError> {
+    match v {
+        AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype.is_int() => {
+            Ok(IndexComp::At(t.scalar_value()))
+        }
+        AbsVal::Tuple(items) if items.len() == 2 => match (bound(&items[0])?, bound(&items[1])?) {
+            (Bound::Known(lo), Bound::Known(hi)) => Ok(IndexComp::Slice(lo, hi)),
+            _ => match node.and_then(|n| window_len(ctx, n)) {
+                Some(c) if c >= 0 => Ok(IndexComp::Window(c as usize)),
+                Some(c) => fail(format!("index: slice length {c} is negative")),
+                None => fail(
+                    "index: slice bounds must be known at compile time, or have the form `e : e + c` \
+                     with a constant `c`",
+                ),
+            },
+        },
+        _ => fail(format!(
+            "index: each index must be an int or a slice, got {v}; use take to gather"
+        )),
+    }
+}
+
+/// The elements of `x[steps]` from the row-major elements of `x`.
+fn gather(shape: &[usize], values: &[i64], steps: &[IndexStep]) -> Vec<i64> {
+    let strides = shape::strides(shape);
+    let mut offsets = vec![0usize];
+    for (step, &stride) in steps.iter().zip(&strides) {
+        offsets = match *step {
+            IndexStep::At(i) => offsets.iter().map(|o| o + i * stride).collect(),
+            IndexStep::Range { start, len } => offsets
+                .iter()
+                .flat_map(|o| (start..start + len).map(move |j| o + j * stride))
+                .collect(),
+        };
+    }
+    offsets.iter().map(|&o| values[o]).collect()
+}
+
+fn index(ctx: &RuleCtx, x: &AbsVal, comps: &[AbsVal]) -> Rule {
+    let x = tensor("index", x)?;
+    let nodes = ctx.arg_nodes.get(1..).unwrap_or(&[]);
+    let comps = comps
+        .iter()
+        .enumerate()
+        .map(|(i, v)| index_comp(ctx, v, nodes.get(i).copied()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shape = shape::index(x.ty(), &comps)?;
+    let value = match &x.value {
+        Some(v) => shape::resolve_index(x.ty(), &comps)
+            .ok()
+            .map(|steps| Arc::from(gather(&x.shape, v, &steps))),
+        None => None,
+    };
+    Ok(like(x, shape, value))
+}
+
+// ---------------------------------------------------------------------------
+// Tuples, records, literals
+
+fn tuple_get(t: &AbsVal, i: &AbsVal) -> Rule {
+    let AbsVal::Tuple(items) = t else {
+        return fail(format!("tuple_get: expected a tuple, got {t}"));
+    };
+    let i = int_scalar("tuple_get", "index", i)?;
+    match i.scalar_value() {
+        Some(k) => {
+            // A negative index counts from the end, as in the kernel.
+            let n = items.len() as i64;
+            let j = if k < 0 { k + n } else { k };
+            if (0..n).contains(&j) {
+                Ok(items[j as usize].clone())
+            } else {
+                fail(format!(
+                    "tuple_get: index {k} is out of range for a tuple of {n}: {t}"
+                ))
+            }
+        }
+        None => {
+            let mut acc = AbsVal::Bottom;
+            for item in items {
+                acc = join(&acc, item).ok_or_else(|| {
+                    RuleError::Msg(format!(
+                        "tuple_get: the index must be known at compile time for {t}, whose elements have different types"
+                    ))
+                })?;
+            }
+            if items.is_empty() {
+                return fail("tuple_get: index out of range for the empty tuple ()");
+            }
+            Ok(acc)
+        }
+    }
+}
+
+fn make_record(args: &[AbsVal]) -> Rule {
+    if args.len() % 2 != 0 {
+        return fail("make_record: expected name and value pairs");
+    }
+    let mut fields: Vec<(Arc<str>, AbsVal)> = Vec::with_capacity(args.len() / 2);
+    for pair in args.chunks(2) {
+        let AbsVal::Str(Some(name)) = &pair[0] else {
+            return fail(format!("make_record: field names must be known strings, got {}", pair[0]));
+        };
+        if fields.iter().any(|(n, _)| n == name) {
+            return fail(format!("make_record: field `{name}` is repeated"));
+        }
+        fields.push((name.clone(), pair[1].clone()));
+    }
+    Ok(AbsVal::Record(fields))
+}
+
+fn record_get(r: &AbsVal, name: &AbsVal) -> Rule {
+    let AbsVal::Str(Some(name)) = name else {
+        return fail(format!("record_get: the field name must be a known string, got {name}"));
+    };
+    match r {
+        AbsVal::Record(fields) => fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| RuleError::Msg(format!("record {r} has no field `{name}`"))),
+        _ => fail(format!("cannot get field `{name}` of a value of type {r}")),
+    }
+}
+
+fn tensor_literal(args: &[AbsVal]) -> Rule {
+    let op = "tensor literal";
+    let ts = args
+        .iter()
+        .map(|v| match v {
+            AbsVal::Tensor(t) => Ok(t),
+            _ => fail(format!("{op}: elements must be numbers or tensors, got {v}")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let dts: Vec<(DType, bool)> = ts.iter().map(|t| t.weak_dtype()).collect();
+    let (d, w) = dtype::promote_all(op, &dts)?;
+    if ts.is_empty() {
+        return Ok(AbsVal::Tensor(AbsTensor::new(d, vec![0], w)));
+    }
+    if let Some(t) = ts.iter().find(|t| t.shape != ts[0].shape) {
+        return fail(format!(
+            "{op}: elements have different shapes {} and {}",
+            ts[0].ty(),
+            t.ty()
+        ));
+    }
+    let mut shape = vec![ts.len()];
+    shape.extend_from_slice(&ts[0].shape);
+    let out = AbsTensor::new(d, shape, w);
+    let values: Option<Vec<i64>> = ts
+        .iter()
+        .map(|t| t.value.as_ref().map(|v| v.to_vec()))
+        .collect::<Option<Vec<_>>>()
+        .map(|vs| vs.concat());
+    Ok(AbsVal::Tensor(match values {
+        Some(v) if !d.is_float() && ts.iter().all(|t| !t.dtype.is_float()) => out.with_value(v),
+        _ => out,
+    }))
+}
+
+// ---------------------------------------------------------------------------
+// Control
+
+/// `switch(c, a, b)`: the chosen value when `c` is known, else the join of
+/// both (for closures, the set of both).
+fn switch(ctx: &RuleCtx, c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
+    match c {
+        AbsVal::Bottom => return Ok(AbsVal::Bottom),
+        AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype == DType::Bool => {
+            if let Some(v) = t.scalar_value() {
+                return Ok(if v != 0 { a.clone() } else { b.clone() });
+            }
+        }
+        _ => return fail(format!("a condition must be a bool scalar, got {c}")),
+    }
+    join(a, b).ok_or_else(|| {
+        let mut e = InferError::new(
+            ctx.loc,
+            format!("if branches have different types: {a} and {b}"),
+        );
+        for (node, v) in ctx.arg_nodes.iter().skip(1).zip([a, b]) {
+            e.secondary
+                .push((ctx.module.node(*node).loc, format!("this branch has type {v}")));
+        }
+        RuleError::Nested(e)
+    })
+}
+
+fn tree_map(f: &AbsVal, t: &AbsVal, rest: &[&AbsVal], calls: &mut dyn Calls) -> Rule {
+    let mismatch = |other: &AbsVal| {
+        fail(format!(
+            "tree_map: trees have different structures: {t} and {other}"
+        ))
+    };
+    match t {
+        AbsVal::Tuple(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let mut sub = Vec::with_capacity(rest.len());
+                for r in rest {
+                    match r {
+                        AbsVal::Tuple(o) if o.len() == items.len() => sub.push(&o[i]),
+                        _ => return mismatch(r),
+                    }
+                }
+                out.push(tree_map(f, item, &sub, calls)?);
+            }
+            Ok(AbsVal::Tuple(out))
+        }
+        AbsVal::Record(fields) => {
+            let mut out = Vec::with_capacity(fields.len());
+            for (i, (name, item)) in fields.iter().enumerate() {
+                let mut sub = Vec::with_capacity(rest.len());
+                for r in rest {
+                    match r {
+                        AbsVal::Record(o) if o.len() == fields.len() && o[i].0 == *name => {
+                            sub.push(&o[i].1)
+                        }
+                        _ => return mismatch(r),
+                    }
+                }
+                out.push((name.clone(), tree_map(f, item, &sub, calls)?));
+            }
+            Ok(AbsVal::Record(out))
+        }
+        _ => {
+            let mut args = vec![t.clone()];
+            args.extend(rest.iter().map(|r| (*r).clone()));
+            Ok(calls.call(f, args)?)
+        }
+    }
+}
+
+fn contains_bottom(v: &AbsVal) -> bool {
+    match v {
+        AbsVal::Bottom => true,
+        AbsVal::Tuple(items) => items.iter().any(contains_bottom),
+        AbsVal::Record(fields) => fields.iter().any(|(_, v)| contains_bottom(v)),
+        _ => false,
+    }
+}
+
+fn collect_leaves<'v>(v: &'v AbsVal, out: &mut Vec<&'v AbsVal>) {
+    match v {
+        AbsVal::Tuple(items) => items.iter().for_each(|i| collect_leaves(i, out)),
+        AbsVal::Record(fields) => fields.iter().for_each(|(_, v)| collect_leaves(v, out)),
+        _ => out.push(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DType::*;
+
+    struct NoCalls;
+    impl Calls for NoCalls {
+        fn call(&mut self, _: &AbsVal, _: Vec<AbsVal>) -> Result<AbsVal, InferError> {
+            unreachable!("no calls in these tests")
+        }
+    }
+
+    fn run(p: Prim, args: &[AbsVal]) -> Result<AbsVal, String> {
+        let m = Module::new();
+        let ctx = RuleCtx {
+            module: &m,
+            loc: Loc::NONE,
+            arg_nodes: &[],
+            value_of: &|_| None,
+            load_type: None,
+        };
+        apply(p, &ctx, args, &mut NoCalls).map_err(|e| match e {
+            RuleError::Msg(m) => m,
+            RuleError::Nested(e) => e.message,
+        })
+    }
+
+    fn ty(p: Prim, args: &[AbsVal]) -> String {
+        match run(p, args) {
+            Ok(v) => v.to_string(),
+            Err(e) => format!("error: {e}"),
+        }
+    }
+
+    fn f32s(shape: &[usize]) -> AbsVal {
+        AbsVal::tensor(F32, shape)
+    }
+
+    fn ints_lit(v: &[i64]) -> AbsVal {
+        AbsVal::Tensor(AbsTensor::new(I64, vec![v.len()], true).with_value(v.to_vec()))
+    }
+
+    fn unit() -> AbsVal {
+        AbsVal::unit()
+    }
+
+    #[test]
+    fn every_primitive_has_a_rule_that_does_not_panic_on_junk() {
+        // Junk arguments of the right count give errors, never panics.
+        for p in Prim::ALL {
+            let n = p.info().params.len();
+            let _ = run(*p, &vec![AbsVal::Io; n]);
+            let _ = run(*p, &vec![AbsVal::int(1, true); n]);
+            let _ = run(*p, &vec![unit(); n]);
+        }
+    }
+
+    #[test]
+    fn elementwise() {
+        assert_eq!(ty(Prim::Mul, &[f32s(&[3, 1]), AbsVal::weak_scalar(F64)]), "f32[3, 1]");
+        assert_eq!(ty(Prim::Add, &[f32s(&[3, 1]), f32s(&[4])]), "f32[3, 4]");
+        assert_eq!(
+            ty(Prim::Add, &[f32s(&[3]), f32s(&[4])]),
+            "error: add: shapes f32[3] and f32[4] cannot be broadcast"
+        );
+        assert_eq!(ty(Prim::Lt, &[f32s(&[2]), AbsVal::weak_scalar(F64)]), "bool[2]");
+        assert_eq!(ty(Prim::Exp, &[AbsVal::int(2, true)]), "f64[]");
+        assert!(ty(Prim::Add, &[f32s(&[]), AbsVal::scalar(F64)]).contains("dtype mismatch"));
+    }
+
+    #[test]
+    fn folds_int_constants() {
+        let r = run(Prim::Add, &[AbsVal::int(2, true), AbsVal::int(3, true)]).unwrap();
+        assert_eq!(r, AbsVal::int(5, true));
+        let r = run(Prim::Lt, &[AbsVal::int(2, true), AbsVal::int(3, true)]).unwrap();
+        assert_eq!(r, AbsVal::bool(true));
+        let r = run(Prim::Div, &[AbsVal::int(-7, true), AbsVal::int(2, true)]).unwrap();
+        assert_eq!(r.const_int(), Some(-3));
+        let r = run(Prim::Div, &[AbsVal::int(1, true), AbsVal::int(0, true)]).unwrap();
+        assert_eq!(r.const_int(), None);
+        let r = run(Prim::Mul, &[ints_lit(&[3, 4]), AbsVal::int(2, true)]).unwrap();
+        assert_eq!(r.as_tensor().unwrap().value.as_deref(), Some(&[6, 8][..]));
+        // floats never fold
+        let r = run(Prim::Add, &[AbsVal::int(2, true), AbsVal::weak_scalar(F64)]).unwrap();
+        assert_eq!(r, AbsVal::weak_scalar(F64));
+    }
+
+    #[test]
+    fn reductions() {
+        let x = f32s(&[2, 3, 4]);
+        let f = AbsVal::bool(false);
+        let t = AbsVal::bool(true);
+        assert_eq!(ty(Prim::Sum, &[x.clone(), unit(), f.clone()]), "f32[]");
+        assert_eq!(ty(Prim::Sum, &[x.clone(), AbsVal::int(1, true), f.clone()]), "f32[2, 4]");
+        assert_eq!(
+            ty(Prim::Mean, &[x.clone(), AbsVal::Tuple(vec![AbsVal::int(0, true), AbsVal::int(2, true)]), t.clone()]),
+            "f32[1, 3, 1]"
+        );
+        assert_eq!(ty(Prim::Argmax, &[x.clone(), AbsVal::int(-1, true), f.clone()]), "i64[2, 3]");
+        assert_eq!(
+            ty(Prim::Sum, &[x, AbsVal::weak_scalar(I64), f]),
+            "error: the axis of sum must be known at compile time"
+        );
+    }
+
+    #[test]
+    fn shapes_and_creation() {
+        assert_eq!(ty(Prim::Zeros, &[ints_lit(&[3, 4]), unit()]), "f32[3, 4]");
+        assert_eq!(ty(Prim::Zeros, &[ints_lit(&[3, 4]), AbsVal::DType(F64)]), "f64[3, 4]");
+        assert_eq!(
+            ty(Prim::Zeros, &[AbsVal::Tuple(vec![AbsVal::weak_scalar(I64)]), unit()]),
+            "error: the shape of zeros must be known at compile time"
+        );
+        let s = run(Prim::Shape, &[f32s(&[5, 6])]).unwrap();
+        assert_eq!(s, AbsVal::Tuple(vec![AbsVal::int(5, true), AbsVal::int(6, true)]));
+        assert_eq!(ty(Prim::Reshape, &[f32s(&[5, 6]), s.clone()]), "f32[5, 6]");
+        assert_eq!(ty(Prim::Reshape, &[f32s(&[5, 6]), ints_lit(&[-1, 2])]), "f32[15, 2]");
+        assert_eq!(ty(Prim::Transpose, &[f32s(&[5, 6]), unit()]), "f32[6, 5]");
+        assert_eq!(ty(Prim::Arange, &[AbsVal::int(4, true), unit()]), "i64[4]");
+        assert_eq!(
+            ty(Prim::Matmul, &[f32s(&[3, 4]), f32s(&[5, 2])]),
+            "error: `@` of f32[3, 4] and f32[5, 2]: inner dimensions 4 and 5 differ"
+        );
+        assert_eq!(
+            ty(Prim::Concat, &[AbsVal::Tuple(vec![f32s(&[2, 3]), f32s(&[4, 3])]), AbsVal::int(0, true)]),
+            "f32[6, 3]"
+        );
+        assert_eq!(
+            ty(Prim::TensorLiteral, &[AbsVal::int(1, true), AbsVal::weak_scalar(F64)]),
+            "f64[2]"
+        );
+        let lit = run(Prim::TensorLiteral, &[AbsVal::int(3, true), AbsVal::int(4, true)]).unwrap();
+        assert_eq!(lit, ints_lit(&[3, 4]));
+    }
+
+    #[test]
+    fn static_indexing() {
+        let x = f32s(&[4, 5]);
+        let sl = |a: i64, b: i64| AbsVal::Tuple(vec![AbsVal::int(a, true), AbsVal::int(b, true)]);
+        assert_eq!(ty(Prim::Index, &[x.clone(), AbsVal::int(1, true)]), "f32[5]");
+        let all = AbsVal::Tuple(vec![unit(), unit()]);
+        assert_eq!(ty(Prim::Index, &[x.clone(), all, sl(1, 3)]), "f32[4, 2]");
+        assert_eq!(ty(Prim::Index, &[x.clone(), AbsVal::weak_scalar(I64)]), "f32[5]");
+        assert_eq!(
+            ty(Prim::Index, &[x.clone(), AbsVal::int(4, true)]),
+            "error: index 4 is out of range for axis 0 of size 4"
+        );
+        let dynamic = AbsVal::Tuple(vec![AbsVal::weak_scalar(I64), AbsVal::weak_scalar(I64)]);
+        assert!(ty(Prim::Index, &[x, dynamic]).contains("`e : e + c`"));
+        let folded = run(Prim::Index, &[ints_lit(&[7, 8, 9]), AbsVal::int(-1, true)]).unwrap();
+        assert_eq!(folded, AbsVal::int(9, true));
+    }
+
+    #[test]
+    fn tuples_and_records() {
+        let t = AbsVal::Tuple(vec![f32s(&[2]), AbsVal::int(1, true)]);
+        assert_eq!(ty(Prim::TupleGet, &[t.clone(), AbsVal::int(0, true)]), "f32[2]");
+        assert_eq!(
+            ty(Prim::TupleGet, &[t.clone(), AbsVal::int(2, true)]),
+            "error: tuple_get: index 2 is out of range for a tuple of 2: (f32[2], i64[])"
+        );
+        assert!(ty(Prim::TupleGet, &[t, AbsVal::weak_scalar(I64)]).contains("different types"));
+        let r = run(
+            Prim::MakeRecord,
+            &[AbsVal::Str(Some("w".into())), f32s(&[4, 3]), AbsVal::Str(Some("b".into())), f32s(&[3])],
+        )
+        .unwrap();
+        assert_eq!(r.to_string(), "{w: f32[4, 3], b: f32[3]}");
+        assert_eq!(ty(Prim::RecordGet, &[r.clone(), AbsVal::Str(Some("b".into()))]), "f32[3]");
+        assert_eq!(
+            ty(Prim::RecordGet, &[r, AbsVal::Str(Some("x".into()))]),
+            "error: record {w: f32[4, 3], b: f32[3]} has no field `x`"
+        );
+        assert_eq!(ty(Prim::TreeSum, &[AbsVal::Tuple(vec![f32s(&[2]), f32s(&[3, 3])])]), "f32[]");
+    }
+
+    #[test]
+    fn switch_rule() {
+        let a = f32s(&[3]);
+        let b = f32s(&[4]);
+        assert_eq!(run(Prim::Switch, &[AbsVal::bool(true), a.clone(), b.clone()]), Ok(a.clone()));
+        assert_eq!(run(Prim::Switch, &[AbsVal::bool(false), a.clone(), b.clone()]), Ok(b.clone()));
+        assert_eq!(
+            ty(Prim::Switch, &[AbsVal::scalar(Bool), a.clone(), b.clone()]),
+            "error: if branches have different types: f32[3] and f32[4]"
+        );
+        assert_eq!(
+            ty(Prim::Switch, &[f32s(&[]), a.clone(), a]),
+            "error: a condition must be a bool scalar, got f32[]"
+        );
+    }
+
+    #[test]
+    fn io() {
+        assert_eq!(ty(Prim::Print, &[AbsVal::Io, f32s(&[2])]), "io");
+        assert!(ty(Prim::Print, &[f32s(&[2])]).contains("io token"));
+        assert!(ty(Prim::LoadNpy, &[AbsVal::Io, AbsVal::Str(Some("x.npy".into()))])
+            .contains("not known at compile time"));
+    }
+}

@@ -1,0 +1,234 @@
+//! The graph IR: MindSpore-style functional graphs.
+//!
+//! A [`Module`] owns an arena of [`Node`]s and an arena of [`Graph`]s, both
+//! addressed by typed ids. A graph has parameters and one output node. A
+//! node is a parameter of some graph, a constant (scalar, string, tensor,
+//! primitive, reference to a graph, dtype), or an application whose first
+//! input is the callee. A node used by a graph other than its owner is a
+//! *free variable* of that graph: graph constants referring to graphs with
+//! free variables evaluate to closures.
+//!
+//! Derived facts (users, free variables, order) are not stored here; they
+//! are computed into side tables by [`analysis`].
+//!
+//! **Architecture Invariant:** the IR does not depend on the syntax crate.
+//! Nodes carry an opaque [`Loc`] (file id and byte range) that the pipeline
+//! maps back to a source span.
+
+pub mod analysis;
+pub mod parse;
+pub mod print;
+pub mod verify;
+
+use std::fmt;
+use std::sync::Arc;
+
+use adjoint_runtime::tensor::{DType, Tensor};
+
+use crate::prim::Prim;
+
+macro_rules! entity {
+    ($name:ident, $prefix:expr) => {
+        #[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+        pub struct $name(pub u32);
+        impl $name {
+            pub fn index(self) -> usize {
+                self.0 as usize
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}{}", $prefix, self.0)
+            }
+        }
+    };
+}
+
+entity!(NodeId, "%");
+entity!(GraphId, "@g");
+
+/// An opaque source location: file id and byte range. `Loc::NONE` means
+/// "no source" (nodes made up by a pass with nothing better to point at).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct Loc {
+    pub file: u32,
+    pub lo: u32,
+    pub hi: u32,
+}
+
+impl Loc {
+    pub const NONE: Loc = Loc {
+        file: u32::MAX,
+        lo: 0,
+        hi: 0,
+    };
+    pub fn is_none(self) -> bool {
+        self.file == u32::MAX
+    }
+}
+
+/// A constant value held by a constant node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Const {
+    /// An integer literal (weakly typed i64 unless `strong`).
+    Int(i64),
+    /// A float literal (weakly typed f64).
+    Float(f64),
+    Bool(bool),
+    Str(Arc<str>),
+    /// The empty tuple `()`, also the "omitted" value of optional arguments.
+    Unit,
+    DType(DType),
+    /// A tensor constant (made by constant folding, or parsed from IR text).
+    Tensor(Tensor),
+    Prim(Prim),
+    Graph(GraphId),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeKind {
+    /// The `index`-th parameter of its owning graph.
+    Param { index: u32 },
+    Const(Const),
+    /// `inputs[0]` applied to `inputs[1..]`.
+    Apply(Vec<NodeId>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub kind: NodeKind,
+    /// The graph that owns the node; `None` for constants, which belong to
+    /// no graph and may be shared.
+    pub graph: Option<GraphId>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug)]
+pub struct Graph {
+    /// A readable name, unique within the module after lowering (`main`,
+    /// `loss`, `main.while_header.3`).
+    pub name: String,
+    pub params: Vec<NodeId>,
+    /// Parameter names (for printing and diagnostics), parallel to `params`.
+    pub param_names: Vec<String>,
+    pub output: Option<NodeId>,
+    pub loc: Loc,
+}
+
+/// A set of graphs and the nodes they are made of.
+#[derive(Clone, Debug, Default)]
+pub struct Module {
+    pub nodes: Vec<Node>,
+    pub graphs: Vec<Graph>,
+}
+
+impl Module {
+    pub fn new() -> Module {
+        Module::default()
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.nodes[id.index()]
+    }
+    pub fn graph(&self, id: GraphId) -> &Graph {
+        &self.graphs[id.index()]
+    }
+    pub fn graph_mut(&mut self, id: GraphId) -> &mut Graph {
+        &mut self.graphs[id.index()]
+    }
+    pub fn graph_ids(&self) -> impl Iterator<Item = GraphId> {
+        (0..self.graphs.len() as u32).map(GraphId)
+    }
+
+    pub fn add_graph(&mut self, name: impl Into<String>, loc: Loc) -> GraphId {
+        let id = GraphId(self.graphs.len() as u32);
+        self.graphs.push(Graph {
+            name: name.into(),
+            params: Vec::new(),
+            param_names: Vec::new(),
+            output: None,
+            loc,
+        });
+        id
+    }
+
+    fn push(&mut self, node: Node) -> NodeId {
+        let id = NodeId(self.nodes.len() as u32);
+        self.nodes.push(node);
+        id
+    }
+
+    /// Appends a parameter to graph `g`.
+    pub fn add_param(&mut self, g: GraphId, name: impl Into<String>, loc: Loc) -> NodeId {
+        let index = self.graphs[g.index()].params.len() as u32;
+        let id = self.push(Node {
+            kind: NodeKind::Param { index },
+            graph: Some(g),
+            loc,
+        });
+        let graph = &mut self.graphs[g.index()];
+        graph.params.push(id);
+        graph.param_names.push(name.into());
+        id
+    }
+
+    pub fn add_const(&mut self, c: Const, loc: Loc) -> NodeId {
+        self.push(Node {
+            kind: NodeKind::Const(c),
+            graph: None,
+            loc,
+        })
+    }
+
+    /// Adds `inputs[0](inputs[1..])` to graph `g`.
+    pub fn add_apply(&mut self, g: GraphId, inputs: Vec<NodeId>, loc: Loc) -> NodeId {
+        self.push(Node {
+            kind: NodeKind::Apply(inputs),
+            graph: Some(g),
+            loc,
+        })
+    }
+
+    /// Adds a call of primitive `p` to graph `g`.
+    pub fn add_prim(&mut self, g: GraphId, p: Prim, args: &[NodeId], loc: Loc) -> NodeId {
+        let callee = self.add_const(Const::Prim(p), loc);
+        let mut inputs = Vec::with_capacity(args.len() + 1);
+        inputs.push(callee);
+        inputs.extend_from_slice(args);
+        self.add_apply(g, inputs, loc)
+    }
+
+    pub fn set_output(&mut self, g: GraphId, out: NodeId) {
+        self.graphs[g.index()].output = Some(out);
+    }
+
+    /// The constant held by `id`, if it is a constant node.
+    pub fn as_const(&self, id: NodeId) -> Option<&Const> {
+        match &self.node(id).kind {
+            NodeKind::Const(c) => Some(c),
+            _ => None,
+        }
+    }
+    /// The primitive applied by `id`, if it is an application of one.
+    pub fn applied_prim(&self, id: NodeId) -> Option<Prim> {
+        match &self.node(id).kind {
+            NodeKind::Apply(inputs) => match self.as_const(inputs[0]) {
+                Some(Const::Prim(p)) => Some(*p),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+    pub fn inputs(&self, id: NodeId) -> &[NodeId] {
+        match &self.node(id).kind {
+            NodeKind::Apply(inputs) => inputs,
+            _ => &[],
+        }
+    }
+    pub fn graph_by_name(&self, name: &str) -> Option<GraphId> {
+        self.graph_ids().find(|g| self.graph(*g).name == name)
+    }
+}

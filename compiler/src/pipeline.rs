@@ -1,0 +1,124 @@
+//! The order of the passes. Only this module knows it.
+
+use std::path::Path;
+
+use adjoint_lang::{Diagnostic, FileId, SourceMap, Span};
+use adjoint_runtime::value::Value;
+use adjoint_runtime::vm::{Vm, VmError};
+
+use crate::exec::{self, Executable};
+use crate::ir::{GraphId, Loc};
+use crate::lower::{span_of, Lowered, Lowerer, SourceLoader};
+
+/// A parsed and lowered program.
+pub struct Program {
+    pub lowered: Lowered,
+    pub root: FileId,
+}
+
+impl Program {
+    /// Parses and lowers `root` (already added to `sources`) and what it
+    /// imports. In debug builds the IR verifier runs on the result.
+    pub fn load(
+        sources: &mut SourceMap,
+        root: FileId,
+        root_path: Option<&Path>,
+        loader: &dyn SourceLoader,
+    ) -> Result<Program, Vec<Diagnostic>> {
+        let lowered = Lowerer::lower_program(sources, root, root_path, loader)?;
+        #[cfg(debug_assertions)]
+        if let Err(errors) = crate::ir::verify::verify(&lowered.module) {
+            let span = Span::point(root, 0);
+            return Err(vec![Diagnostic::error(
+                format!("internal error: lowering produced invalid IR: {}", errors.join("; ")),
+                span,
+            )]);
+        }
+        Ok(Program { lowered, root })
+    }
+
+    pub fn function(&self, name: &str) -> Option<GraphId> {
+        self.lowered
+            .functions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, g)| *g)
+    }
+
+    /// Checks `main` with type inference, when the program has one.
+    pub fn check(&self) -> Result<(), Vec<Diagnostic>> {
+        let Some(main) = self.function("main") else {
+            return Ok(());
+        };
+        self.infer_entry(main)
+    }
+
+    fn infer_entry(&self, entry: GraphId) -> Result<(), Vec<Diagnostic>> {
+        use crate::infer::{infer_module, AbsVal};
+        let m = &self.lowered.module;
+        let nparams = m.graph(entry).params.len();
+        let mut args = Vec::new();
+        if self.lowered.effectful.contains(&entry) {
+            if nparams != 1 {
+                return Err(vec![self.main_params_error(entry)]);
+            }
+            args.push(AbsVal::Io);
+        }
+        match infer_module(m, entry, &args) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(vec![infer_diagnostic(&e, self.root)]),
+        }
+    }
+
+    fn main_params_error(&self, entry: GraphId) -> Diagnostic {
+        let loc = self.lowered.module.graph(entry).loc;
+        Diagnostic::error(
+            "`main` must take no parameters",
+            span_of(loc).unwrap_or(Span::point(self.root, 0)),
+        )
+    }
+
+    /// Runs `main` (type-checked first), writing what it prints to `out`.
+    pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<Value, Vec<Diagnostic>> {
+        let Some(main) = self.function("main") else {
+            return Err(vec![Diagnostic::error(
+                "this program has no `main` function",
+                Span::point(self.root, 0),
+            )]);
+        };
+        self.infer_entry(main)?;
+        let ex = exec::compile(&self.lowered.module, &[main])
+            .map_err(|e| vec![located(e.message, e.loc, self.root)])?;
+        let f = ex.function(main).expect("main is compiled");
+        let mut vm = Vm::new(&ex.program, out);
+        let r = vm.call(&f, vec![Value::Io]);
+        drop(vm);
+        let _ = out.flush();
+        match r {
+            Ok(v) => Ok(match v {
+                Value::Tuple(t) if t.len() == 2 => t[1].clone(),
+                v => v,
+            }),
+            Err(e) => Err(vec![vm_diagnostic(&e, &ex, self.root)]),
+        }
+    }
+}
+
+fn located(message: String, loc: Loc, root: FileId) -> Diagnostic {
+    Diagnostic::error(message, span_of(loc).unwrap_or(Span::point(root, 0)))
+}
+
+fn infer_diagnostic(e: &crate::infer::InferError, root: FileId) -> Diagnostic {
+    let mut d = located(e.message.clone(), e.loc, root);
+    for (l, msg) in &e.secondary {
+        if let Some(s) = span_of(*l) {
+            d = d.with_secondary(s, msg.clone());
+        }
+    }
+    d
+}
+
+fn vm_diagnostic(e: &VmError, ex: &Executable, root: FileId) -> Diagnostic {
+    let loc = e.loc.map(|l| ex.loc(l)).unwrap_or(Loc::NONE);
+    located(e.message.clone(), loc, root)
+}

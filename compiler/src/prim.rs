@@ -1,0 +1,239 @@
+//! The primitive table: every primitive is defined here, once.
+//!
+//! One row per primitive: its name (the name users call it by, the name the
+//! IR prints, and the name of its reference kernel in `adjoint-runtime`), its
+//! category, and its parameters with defaults (keyword arguments are
+//! normalised against this list by lowering). The type-and-shape rule lives
+//! in [`crate::infer::rules`], selected by an exhaustive `match` over
+//! [`Prim`], so adding a primitive makes the compiler list every place that
+//! must handle it.
+
+use std::fmt;
+
+/// What a primitive does, for passes that treat groups of primitives alike.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Category {
+    /// Element-wise.
+    Map,
+    /// Moves or selects elements (reshape, transpose, broadcast, index).
+    Reindex,
+    Reduce,
+    /// Matrix products.
+    Contract,
+    /// Creation, random numbers, queries of shape and dtype.
+    Create,
+    /// Tuples, records and tensor literals.
+    Struct,
+    /// Control flow and higher-order helpers.
+    Control,
+    /// Side effects, ordered by the IO state token.
+    Io,
+}
+
+/// The default of an optional parameter.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Default {
+    /// Omitted: the kernel receives `()`.
+    Unit,
+    Bool(bool),
+    Int(i64),
+}
+
+#[derive(Copy, Clone, Debug)]
+pub struct Param {
+    pub name: &'static str,
+    pub default: Option<Default>,
+}
+
+#[derive(Copy, Clone, Debug)]
+pub struct PrimInfo {
+    pub name: &'static str,
+    pub category: Category,
+    /// Fixed parameters. A variadic primitive takes any number of further
+    /// positional arguments after them.
+    pub params: &'static [Param],
+    pub variadic: bool,
+    /// Whether a value of this primitive carries a derivative (used by AD).
+    pub differentiable: bool,
+}
+
+const fn req(name: &'static str) -> Param {
+    Param {
+        name,
+        default: None,
+    }
+}
+const fn opt(name: &'static str, d: Default) -> Param {
+    Param {
+        name,
+        default: Some(d),
+    }
+}
+
+const X: &[Param] = &[req("x")];
+const XY: &[Param] = &[req("x"), req("y")];
+const REDUCE: &[Param] = &[
+    req("x"),
+    opt("axis", Default::Unit),
+    opt("keepdims", Default::Bool(false)),
+];
+const NONE: &[Param] = &[];
+const IO: &[Param] = &[req("io")];
+
+macro_rules! prims {
+    ($( $(#[$meta:meta])* $variant:ident = $name:literal, $cat:ident, $params:expr, $variadic:literal, $diff:literal; )*) => {
+        /// A primitive operation.
+        #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Prim { $($(#[$meta])* $variant),* }
+
+        impl Prim {
+            /// Every primitive, in table order.
+            pub const ALL: &'static [Prim] = &[$(Prim::$variant),*];
+
+            pub fn info(self) -> PrimInfo {
+                match self {
+                    $(Prim::$variant => PrimInfo {
+                        name: $name,
+                        category: Category::$cat,
+                        params: { const P: &[Param] = $params; P },
+                        variadic: $variadic,
+                        differentiable: $diff,
+                    }),*
+                }
+            }
+        }
+    };
+}
+
+prims! {
+    // element-wise, one operand
+    Neg = "neg", Map, X, false, true;
+    Exp = "exp", Map, X, false, true;
+    Log = "log", Map, X, false, true;
+    Log1p = "log1p", Map, X, false, true;
+    Sin = "sin", Map, X, false, true;
+    Cos = "cos", Map, X, false, true;
+    Tanh = "tanh", Map, X, false, true;
+    Sigmoid = "sigmoid", Map, X, false, true;
+    Relu = "relu", Map, X, false, true;
+    Sqrt = "sqrt", Map, X, false, true;
+    Rsqrt = "rsqrt", Map, X, false, true;
+    Abs = "abs", Map, X, false, true;
+    Sign = "sign", Map, X, false, true;
+    Floor = "floor", Map, X, false, true;
+    Ceil = "ceil", Map, X, false, true;
+    Lgamma = "lgamma", Map, X, false, true;
+    Erf = "erf", Map, X, false, true;
+    Not = "not", Map, X, false, false;
+    // element-wise, two operands (NumPy broadcasting, weak literal typing)
+    Add = "add", Map, XY, false, true;
+    Sub = "sub", Map, XY, false, true;
+    Mul = "mul", Map, XY, false, true;
+    Div = "div", Map, XY, false, true;
+    Pow = "pow", Map, XY, false, true;
+    Rem = "rem", Map, XY, false, true;
+    Maximum = "maximum", Map, XY, false, true;
+    Minimum = "minimum", Map, XY, false, true;
+    Eq = "eq", Map, XY, false, false;
+    Ne = "ne", Map, XY, false, false;
+    Lt = "lt", Map, XY, false, false;
+    Le = "le", Map, XY, false, false;
+    Gt = "gt", Map, XY, false, false;
+    Ge = "ge", Map, XY, false, false;
+    And = "and", Map, XY, false, false;
+    Or = "or", Map, XY, false, false;
+    Where = "where", Map, &[req("c"), req("a"), req("b")], false, true;
+    Cast = "cast", Map, &[req("x"), req("dtype")], false, true;
+    // reductions
+    Sum = "sum", Reduce, REDUCE, false, true;
+    Mean = "mean", Reduce, REDUCE, false, true;
+    Max = "max", Reduce, REDUCE, false, true;
+    Min = "min", Reduce, REDUCE, false, true;
+    Prod = "prod", Reduce, REDUCE, false, true;
+    Argmax = "argmax", Reduce, REDUCE, false, false;
+    // reindexing
+    Reshape = "reshape", Reindex, &[req("x"), req("shape")], false, true;
+    Transpose = "transpose", Reindex, &[req("x"), opt("perm", Default::Unit)], false, true;
+    BroadcastTo = "broadcast_to", Reindex, &[req("x"), req("shape")], false, true;
+    Concat = "concat", Reindex, &[req("xs"), opt("axis", Default::Int(0))], false, true;
+    Stack = "stack", Reindex, &[req("xs"), opt("axis", Default::Int(0))], false, true;
+    ExpandDims = "expand_dims", Reindex, &[req("x"), req("axis")], false, true;
+    Squeeze = "squeeze", Reindex, &[req("x"), opt("axis", Default::Unit)], false, true;
+    Take = "take", Reindex, &[req("x"), req("idx"), opt("axis", Default::Unit)], false, true;
+    /// `x[c0, c1, ..]`: each component an int (select) or a `(lo, hi)` slice.
+    Index = "index", Reindex, X, true, true;
+    // contractions
+    Matmul = "matmul", Contract, XY, false, true;
+    Dot = "dot", Contract, XY, false, true;
+    Outer = "outer", Contract, XY, false, true;
+    // queries, creation and random numbers
+    Shape = "shape", Create, X, false, false;
+    Size = "size", Create, X, false, false;
+    DTypeOf = "dtype", Create, X, false, false;
+    Zeros = "zeros", Create, &[req("shape"), opt("dtype", Default::Unit)], false, false;
+    Ones = "ones", Create, &[req("shape"), opt("dtype", Default::Unit)], false, false;
+    Full = "full", Create, &[req("shape"), req("v"), opt("dtype", Default::Unit)], false, false;
+    ZerosLike = "zeros_like", Create, X, false, false;
+    OnesLike = "ones_like", Create, X, false, false;
+    Arange = "arange", Create, &[req("n"), opt("dtype", Default::Unit)], false, false;
+    Eye = "eye", Create, &[req("n"), opt("dtype", Default::Unit)], false, false;
+    OneHot = "one_hot", Create, &[req("labels"), req("n"), opt("dtype", Default::Unit)], false, false;
+    Randn = "randn", Create, &[req("shape"), opt("seed", Default::Int(0)), opt("dtype", Default::Unit)], false, false;
+    Rand = "rand", Create, &[req("shape"), opt("seed", Default::Int(0)), opt("dtype", Default::Unit)], false, false;
+    Permutation = "permutation", Create, &[req("n"), opt("seed", Default::Int(0))], false, false;
+    // tuples, records, tensor literals
+    MakeTuple = "make_tuple", Struct, NONE, true, true;
+    TupleGet = "tuple_get", Struct, &[req("t"), req("i")], false, true;
+    TupleLen = "tuple_len", Struct, &[req("t")], false, false;
+    /// `make_record("w", w, "b", b)`.
+    MakeRecord = "make_record", Struct, NONE, true, true;
+    RecordGet = "record_get", Struct, &[req("r"), req("name")], false, true;
+    TensorLiteral = "tensor_literal", Struct, NONE, true, true;
+    // control
+    /// `switch(c, a, b)` is `a` when `c` holds, else `b`.
+    Switch = "switch", Control, &[req("c"), req("a"), req("b")], false, true;
+    TreeMap = "tree_map", Control, &[req("f"), req("t")], true, true;
+    TreeSum = "tree_sum", Control, &[req("t")], false, true;
+    // side effects: the first argument is the IO state token
+    Print = "print", Io, IO, true, false;
+    LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;
+    SaveNpy = "save_npy", Io, &[req("io"), req("path"), req("x")], false, false;
+    SaveSafetensors = "save_safetensors", Io, &[req("io"), req("path"), req("record")], false, false;
+    LoadSafetensors = "load_safetensors", Io, &[req("io"), req("path")], false, false;
+}
+
+impl Prim {
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+    pub fn category(self) -> Category {
+        self.info().category
+    }
+    /// Looks a primitive up by its name.
+    pub fn from_name(name: &str) -> Option<Prim> {
+        Prim::ALL.iter().copied().find(|p| p.name() == name)
+    }
+    /// Whether IO primitives produce a `(io, value)` pair rather than a new
+    /// state token alone.
+    pub fn returns_io_pair(self) -> bool {
+        matches!(self, Prim::LoadNpy | Prim::LoadSafetensors)
+    }
+}
+
+impl fmt::Display for Prim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_round_trip() {
+        for p in Prim::ALL {
+            assert_eq!(Prim::from_name(p.name()), Some(*p));
+        }
+    }
+}

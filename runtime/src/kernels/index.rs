@@ -1,0 +1,203 @@
+//! Gathering kernels: `take(x, idx, axis)` and `index(x, c0, c1, ..)`.
+
+use super::args::{arity, min_arity, opt_int, rule, tensor, typed};
+use super::strided::{offsets_from, remap};
+use super::Ctx;
+use crate::dispatch_all;
+use crate::error::RtError;
+use crate::shape::{self, IndexComp, IndexStep};
+use crate::tensor::{Element, Tensor};
+use crate::value::Value;
+
+/// `take(x, idx, axis)`: gathers along `axis` by an int tensor of indices
+/// (negative ones count from the end); with no axis, from the flattened `x`.
+pub fn take(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "take";
+    arity(op, args, 3)?;
+    let x = tensor(op, &args[0], "x")?;
+    let idx = tensor(op, &args[1], "the indices")?;
+    let axis = opt_int(op, &args[2], "axis")?;
+    let out = rule(shape::take(x.ty(), idx.ty(), axis))?;
+    let (outer, dim, inner, ax) = match axis {
+        None => (1, x.len(), 1, 0),
+        Some(a) => {
+            let ax = rule(shape::axis(op, a, x.ndim(), &x.ty()))?;
+            let s = x.shape();
+            (shape::size(&s[..ax]), s[ax], shape::size(&s[ax + 1..]), ax)
+        }
+    };
+    let picks: Vec<usize> = idx
+        .as_i64_vec()
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + dim as i64 } else { i };
+            if (0..dim as i64).contains(&j) {
+                Ok(j as usize)
+            } else {
+                Err(RtError::new(format!(
+                    "take: index {i} is out of range for axis {ax} of size {dim}"
+                )))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let buf = dispatch_all!(x.dtype(), T => {
+        let src = typed::<T>(x)?;
+        let mut dst: Vec<T> = Vec::with_capacity(outer * picks.len() * inner);
+        for o in 0..outer {
+            for &j in &picks {
+                let start = (o * dim + j) * inner;
+                dst.extend_from_slice(&src[start..start + inner]);
+            }
+        }
+        T::wrap(dst)
+    });
+    Ok(Value::Tensor(Tensor::new(buf, &out)?.with_weak(x.weak)))
+}
+
+fn bound(op: &str, v: &Value, k: usize) -> Result<Option<i64>, RtError> {
+    if v.is_unit() {
+        return Ok(None);
+    }
+    v.as_tensor()
+        .and_then(Tensor::to_i64_scalar)
+        .map(Some)
+        .ok_or_else(|| {
+            RtError::new(format!(
+                "{op}: expected an int slice bound in component {k}, got {}",
+                v.kind()
+            ))
+        })
+}
+
+/// Decodes one index component: an int scalar, or a slice `(start, stop)`
+/// whose bounds are int scalars or `()`.
+fn component(op: &str, v: &Value, k: usize) -> Result<IndexComp, RtError> {
+    match v {
+        Value::Tensor(t) => t.to_i64_scalar().map(|i| IndexComp::At(Some(i))).ok_or_else(|| {
+            RtError::new(format!(
+                "{op}: expected an int index in component {k}, got {}; use take to gather by a tensor of indices",
+                v.kind()
+            ))
+        }),
+        Value::Tuple(b) if b.len() == 2 => Ok(IndexComp::Slice(bound(op, &b[0], k)?, bound(op, &b[1], k)?)),
+        _ => Err(RtError::new(format!(
+            "{op}: expected an int or a slice in component {k}, got {}",
+            v.kind()
+        ))),
+    }
+}
+
+/// `index(x, c0, c1, ..)`: `x[c0, c1, ..]`. An int selects (and removes the
+/// axis); a slice `(start, stop)` keeps a range; axes past the last
+/// component stay whole.
+pub fn index(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "index";
+    min_arity(op, args, 1)?;
+    let x = tensor(op, &args[0], "x")?;
+    let comps: Vec<IndexComp> = args[1..]
+        .iter()
+        .enumerate()
+        .map(|(k, c)| component(op, c, k))
+        .collect::<Result<_, _>>()?;
+    let steps = rule(shape::resolve_index(x.ty(), &comps))?;
+    let st = shape::strides(x.shape());
+    let mut base = 0;
+    let mut out = Vec::new();
+    let mut out_strides = Vec::new();
+    for (step, &s) in steps.iter().zip(&st) {
+        match *step {
+            IndexStep::At(i) => base += i * s,
+            IndexStep::Range { start, len } => {
+                base += start * s;
+                out.push(len);
+                out_strides.push(s);
+            }
+        }
+    }
+    if shape::size(&out) == 0 {
+        return Ok(Value::Tensor(
+            Tensor::zeros(x.dtype(), &out)?.with_weak(x.weak),
+        ));
+    }
+    Ok(Value::Tensor(remap(
+        x,
+        &out,
+        offsets_from(base, &out, &out_strides),
+    )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{call, call_err, f32s, i64s, shape_of, v};
+    use super::*;
+
+    fn m() -> Value {
+        v(Tensor::from_vec((0..12).map(|i| i as f32).collect(), &[3, 4]).unwrap())
+    }
+
+    fn int(i: i64) -> Value {
+        v(Tensor::weak_i64(i))
+    }
+
+    fn sl(a: Option<i64>, b: Option<i64>) -> Value {
+        let f = |x: Option<i64>| x.map(int).unwrap_or_else(Value::unit);
+        Value::tuple(vec![f(a), f(b)])
+    }
+
+    #[test]
+    fn takes() {
+        let idx = v(Tensor::vector(vec![2i64, 0, -1]));
+        let r = call("take", &[m(), idx.clone(), int(0)]);
+        assert_eq!(shape_of(&r), vec![3, 4]);
+        assert_eq!(&f32s(&r)[..5], &[8.0, 9.0, 10.0, 11.0, 0.0]);
+        let r = call("take", &[m(), idx.clone(), int(1)]);
+        assert_eq!(shape_of(&r), vec![3, 3]);
+        assert_eq!(&f32s(&r)[..3], &[2.0, 0.0, 3.0]);
+        let r = call("take", &[m(), idx.clone(), Value::unit()]);
+        assert_eq!(f32s(&r), vec![2.0, 0.0, 11.0]);
+        let idx2 = v(Tensor::from_vec(vec![0i32, 1, 1, 0], &[2, 2]).unwrap());
+        let r = call("take", &[m(), idx2, int(0)]);
+        assert_eq!(shape_of(&r), vec![2, 2, 4]);
+        assert_eq!(
+            call_err("take", &[m(), v(Tensor::vector(vec![7i64])), int(0)]),
+            "take: index 7 is out of range for axis 0 of size 3"
+        );
+        assert!(
+            call_err("take", &[m(), v(Tensor::vector(vec![1.0f32])), int(0)])
+                .contains("must be ints")
+        );
+    }
+
+    #[test]
+    fn indexes() {
+        let r = call("index", &[m(), int(1)]);
+        assert_eq!(f32s(&r), vec![4.0, 5.0, 6.0, 7.0]);
+        let r = call("index", &[m(), int(-1), int(2)]);
+        assert_eq!(r, v(Tensor::scalar_f32(10.0)));
+        let r = call("index", &[m(), sl(None, None), int(0)]);
+        assert_eq!(f32s(&r), vec![0.0, 4.0, 8.0]);
+        let r = call("index", &[m(), sl(Some(1), Some(3)), sl(None, Some(2))]);
+        assert_eq!(shape_of(&r), vec![2, 2]);
+        assert_eq!(f32s(&r), vec![4.0, 5.0, 8.0, 9.0]);
+        let r = call("index", &[m(), sl(Some(2), None)]);
+        assert_eq!(shape_of(&r), vec![1, 4]);
+        let r = call("index", &[m(), sl(Some(1), Some(1))]);
+        assert_eq!(shape_of(&r), vec![0, 4]);
+        assert_eq!(call("index", &[m()]), m());
+        assert_eq!(
+            call_err("index", &[m(), int(5)]),
+            "index 5 is out of range for axis 0 of size 3"
+        );
+        assert_eq!(
+            call_err("index", &[m(), int(0), sl(Some(3), Some(9))]),
+            "slice 3:9 is out of range for axis 1 of size 4"
+        );
+        assert!(call_err("index", &[m(), int(0), int(0), int(0)]).contains("too many indices"));
+        assert!(call_err("index", &[m(), v(Tensor::vector(vec![0i64]))]).contains("use take"));
+        let ints = v(Tensor::vector(vec![5i64, 6, 7]));
+        assert_eq!(
+            i64s(&call("index", &[ints, sl(Some(-2), None)])),
+            vec![6, 7]
+        );
+    }
+}

@@ -1,0 +1,554 @@
+//! IO kernels, ordered by the state token `Value::Io` passed first:
+//! `print load_npy save_npy save_safetensors load_safetensors`.
+//!
+//! Relative paths are relative to the working directory. Failures name the
+//! path: `cannot read "x.npy": no such file or directory`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::args::{arity, io, min_arity, string, tensor};
+use super::shape::transpose_tensor;
+use super::Ctx;
+use crate::error::RtError;
+use crate::tensor::{DType, Element, Tensor};
+use crate::value::Value;
+use crate::with_buffer;
+
+/// The metadata key under which `save_safetensors` records the field order.
+pub const ORDER_KEY: &str = "adjoint.order";
+
+/// A lowercase description of an IO error, without the OS error number.
+fn describe(e: &std::io::Error) -> String {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        NotFound => "no such file or directory".into(),
+        PermissionDenied => "permission denied".into(),
+        IsADirectory => "is a directory".into(),
+        _ => {
+            let s = e.to_string();
+            let s = match s.find(" (os error") {
+                Some(i) => s[..i].to_string(),
+                None => s,
+            };
+            let mut c = s.chars();
+            match c.next() {
+                Some(f) => f.to_lowercase().chain(c).collect(),
+                None => s,
+            }
+        }
+    }
+}
+
+fn read_err(path: &str, why: impl std::fmt::Display) -> RtError {
+    RtError::new(format!("cannot read \"{path}\": {why}"))
+}
+
+fn write_err(path: &str, why: impl std::fmt::Display) -> RtError {
+    RtError::new(format!("cannot write \"{path}\": {why}"))
+}
+
+fn read_file(path: &str) -> Result<Vec<u8>, RtError> {
+    std::fs::read(path).map_err(|e| read_err(path, describe(&e)))
+}
+
+/// `print(io, a, b, ..)`: the arguments separated by spaces, then a newline.
+pub fn print(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "print";
+    min_arity(op, args, 1)?;
+    io(op, &args[0])?;
+    let mut line = String::new();
+    for (i, a) in args[1..].iter().enumerate() {
+        if i > 0 {
+            line.push(' ');
+        }
+        line.push_str(&a.to_string());
+    }
+    line.push('\n');
+    ctx.stdout()
+        .write_all(line.as_bytes())
+        .map_err(|e| RtError::new(format!("print: cannot write: {}", describe(&e))))?;
+    Ok(Value::Io)
+}
+
+fn npy_vec<T: npyz::Deserialize>(
+    path: &str,
+    file: npyz::NpyFile<&[u8]>,
+) -> Result<Vec<T>, RtError> {
+    file.into_vec::<T>()
+        .map_err(|e| read_err(path, describe(&e)))
+}
+
+/// Reads an .npy file's bytes into a tensor (C or Fortran order).
+fn npy_tensor(path: &str, bytes: &[u8]) -> Result<Tensor, RtError> {
+    let file = npyz::NpyFile::new(bytes).map_err(|e| read_err(path, describe(&e)))?;
+    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    let fortran = file.order() == npyz::Order::Fortran;
+    let npyz::DType::Plain(ts) = file.dtype() else {
+        return Err(read_err(path, "structured arrays are not supported"));
+    };
+    use npyz::TypeChar as C;
+    let (kind, size) = (ts.type_char(), ts.size_field());
+    let data: crate::tensor::Buffer = match (kind, size) {
+        (C::Float, 4) => f32::wrap(npy_vec(path, file)?),
+        (C::Float, 8) => f64::wrap(npy_vec(path, file)?),
+        (C::Int, 1) => i32::wrap(
+            npy_vec::<i8>(path, file)?
+                .into_iter()
+                .map(i32::from)
+                .collect(),
+        ),
+        (C::Int, 2) => i32::wrap(
+            npy_vec::<i16>(path, file)?
+                .into_iter()
+                .map(i32::from)
+                .collect(),
+        ),
+        (C::Int, 4) => i32::wrap(npy_vec(path, file)?),
+        (C::Int, 8) => i64::wrap(npy_vec(path, file)?),
+        (C::Uint, 1) => u8::wrap(npy_vec(path, file)?),
+        (C::Uint, 2) => i32::wrap(
+            npy_vec::<u16>(path, file)?
+                .into_iter()
+                .map(i32::from)
+                .collect(),
+        ),
+        (C::Uint, 4) => i64::wrap(
+            npy_vec::<u32>(path, file)?
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+        ),
+        (C::Bool, 1) => bool::wrap(npy_vec(path, file)?),
+        _ => {
+            return Err(read_err(
+                path,
+                format!("unsupported dtype `{ts}`; expected f32, f64, i32, i64, u8 or bool"),
+            ))
+        }
+    };
+    if !fortran {
+        return Tensor::new(data, &shape).map_err(|e| read_err(path, e));
+    }
+    // Fortran order: the data is the transpose, in C order, of the reversed shape.
+    let rev: Vec<usize> = shape.iter().rev().copied().collect();
+    let t = Tensor::new(data, &rev).map_err(|e| read_err(path, e))?;
+    transpose_tensor(&t, None)
+}
+
+/// `load_npy(io, path)`: `(io, tensor)`.
+pub fn load_npy(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "load_npy";
+    arity(op, args, 2)?;
+    io(op, &args[0])?;
+    let path = string(op, &args[1], "the path")?;
+    let bytes = read_file(path)?;
+    let t = npy_tensor(path, &bytes)?;
+    Ok(Value::tuple(vec![Value::Io, Value::Tensor(t)]))
+}
+
+fn write_npy<T: npyz::AutoSerialize + Element>(
+    path: &str,
+    data: &[T],
+    shape: &[usize],
+) -> Result<(), RtError> {
+    use npyz::WriterBuilder;
+    let file = std::fs::File::create(path).map_err(|e| write_err(path, describe(&e)))?;
+    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(&dims)
+        .writer(std::io::BufWriter::new(file))
+        .begin_nd()
+        .map_err(|e| write_err(path, describe(&e)))?;
+    w.extend(data.iter().copied())
+        .map_err(|e| write_err(path, describe(&e)))?;
+    w.finish().map_err(|e| write_err(path, describe(&e)))
+}
+
+/// `save_npy(io, path, x)`: writes `x` as a C-order .npy file; returns `io`.
+pub fn save_npy(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "save_npy";
+    arity(op, args, 3)?;
+    io(op, &args[0])?;
+    let path = string(op, &args[1], "the path")?;
+    let x = tensor(op, &args[2], "x")?;
+    with_buffer!(x.buffer(), v => write_npy(path, v, x.shape()))?;
+    Ok(Value::Io)
+}
+
+fn st_dtype(d: DType) -> safetensors::Dtype {
+    match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F64 => safetensors::Dtype::F64,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::I64 => safetensors::Dtype::I64,
+        DType::Bool => safetensors::Dtype::BOOL,
+        DType::U8 => safetensors::Dtype::U8,
+    }
+}
+
+fn flatten(
+    op: &str,
+    prefix: &str,
+    v: &Value,
+    out: &mut Vec<(String, Tensor)>,
+) -> Result<(), RtError> {
+    let join = |name: &str| {
+        if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}.{name}")
+        }
+    };
+    match v {
+        Value::Record(r) => r.fields.iter().try_for_each(|(n, x)| {
+            if n.is_empty() || n.contains(['.', ',']) {
+                return Err(RtError::new(format!(
+                    "{op}: the field name `{n}` cannot be saved"
+                )));
+            }
+            flatten(op, &join(n), x, out)
+        }),
+        Value::Tuple(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, x)| flatten(op, &join(&i.to_string()), x, out)),
+        Value::Tensor(t) if !prefix.is_empty() => {
+            out.push((prefix.to_string(), t.clone()));
+            Ok(())
+        }
+        other => Err(RtError::new(format!(
+            "{op}: expected a record of tensors, got {}{}",
+            other.kind(),
+            if prefix.is_empty() {
+                String::new()
+            } else {
+                format!(" at `{prefix}`")
+            }
+        ))),
+    }
+}
+
+/// `save_safetensors(io, path, record)`: writes the tensors of a record
+/// (nested records and tuples flatten to dotted names such as `layer1.w`
+/// and `state.0`); the field order is kept in the metadata under
+/// [`ORDER_KEY`]. Returns `io`.
+pub fn save_safetensors(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "save_safetensors";
+    arity(op, args, 3)?;
+    io(op, &args[0])?;
+    let path = string(op, &args[1], "the path")?;
+    let mut leaves = Vec::new();
+    flatten(op, "", &args[2], &mut leaves)?;
+    let bytes: Vec<Vec<u8>> = leaves
+        .iter()
+        .map(|(_, t)| {
+            let mut b = Vec::with_capacity(t.len() * t.dtype().size_bytes());
+            with_buffer!(t.buffer(), v => v.iter().for_each(|x| x.write_le(&mut b)));
+            b
+        })
+        .collect();
+    let views = leaves
+        .iter()
+        .zip(&bytes)
+        .map(|((name, t), b)| {
+            safetensors::tensor::TensorView::new(st_dtype(t.dtype()), t.shape().to_vec(), b)
+                .map(|view| (name.clone(), view))
+                .map_err(|e| write_err(path, e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let order: Vec<&str> = leaves.iter().map(|(n, _)| n.as_str()).collect();
+    let meta = HashMap::from([(ORDER_KEY.to_string(), order.join(","))]);
+    let data = safetensors::serialize(views, Some(meta)).map_err(|e| write_err(path, e))?;
+    std::fs::write(path, data).map_err(|e| write_err(path, describe(&e)))?;
+    Ok(Value::Io)
+}
+
+/// A tree being rebuilt from dotted names.
+enum Node {
+    Leaf(Tensor),
+    Branch(Vec<(String, Node)>),
+}
+
+fn insert(
+    node: &mut Vec<(String, Node)>,
+    path: &[&str],
+    t: Tensor,
+    full: &str,
+) -> Result<(), String> {
+    let Some((head, rest)) = path.split_first() else {
+        return Err(format!("empty tensor name in `{full}`"));
+    };
+    let pos = node.iter().position(|(n, _)| n == head);
+    if rest.is_empty() {
+        if pos.is_some() {
+            return Err(format!("tensor `{full}` clashes with another name"));
+        }
+        node.push((head.to_string(), Node::Leaf(t)));
+        return Ok(());
+    }
+    let i = match pos {
+        Some(i) => i,
+        None => {
+            node.push((head.to_string(), Node::Branch(Vec::new())));
+            node.len() - 1
+        }
+    };
+    match &mut node[i].1 {
+        Node::Branch(children) => insert(children, rest, t, full),
+        Node::Leaf(_) => Err(format!("tensor `{full}` clashes with another name")),
+    }
+}
+
+/// A branch whose names are exactly `0..n` becomes a tuple; any other, a record.
+fn build(children: Vec<(String, Node)>) -> Value {
+    let all_digits = children
+        .iter()
+        .all(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if all_digits {
+        let mut idx: Vec<usize> = children
+            .iter()
+            .filter_map(|(n, _)| n.parse().ok())
+            .collect();
+        idx.sort_unstable();
+        if idx.len() == children.len() && idx.iter().enumerate().all(|(i, &k)| i == k) {
+            let mut numbered: Vec<(usize, Node)> = children
+                .into_iter()
+                .filter_map(|(n, c)| n.parse().ok().map(|k| (k, c)))
+                .collect();
+            numbered.sort_by_key(|(k, _)| *k);
+            return Value::tuple(numbered.into_iter().map(|(_, c)| to_value(c)).collect());
+        }
+    }
+    Value::record(
+        children
+            .into_iter()
+            .map(|(n, c)| (Arc::<str>::from(n), to_value(c)))
+            .collect(),
+    )
+}
+
+fn to_value(n: Node) -> Value {
+    match n {
+        Node::Leaf(t) => Value::Tensor(t),
+        Node::Branch(c) => build(c),
+    }
+}
+
+fn st_tensor(
+    path: &str,
+    name: &str,
+    view: &safetensors::tensor::TensorView,
+) -> Result<Tensor, RtError> {
+    fn decode<T: Element>(bytes: &[u8]) -> Vec<T> {
+        bytes
+            .chunks_exact(T::DTYPE.size_bytes())
+            .map(T::read_le)
+            .collect()
+    }
+    let b = view.data();
+    let buf = match view.dtype() {
+        safetensors::Dtype::F32 => f32::wrap(decode(b)),
+        safetensors::Dtype::F64 => f64::wrap(decode(b)),
+        safetensors::Dtype::I32 => i32::wrap(decode(b)),
+        safetensors::Dtype::I64 => i64::wrap(decode(b)),
+        safetensors::Dtype::BOOL => bool::wrap(decode(b)),
+        safetensors::Dtype::U8 => u8::wrap(decode(b)),
+        other => {
+            return Err(read_err(
+                path,
+                format!("tensor `{name}` has unsupported dtype {other:?}"),
+            ))
+        }
+    };
+    Tensor::new(buf, view.shape()).map_err(|e| read_err(path, e))
+}
+
+/// `load_safetensors(io, path)`: `(io, record)`, nesting rebuilt from the
+/// dotted names (numbered levels become tuples) in the saved field order
+/// (for files from elsewhere: the order of the data in the file).
+pub fn load_safetensors(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "load_safetensors";
+    arity(op, args, 2)?;
+    io(op, &args[0])?;
+    let path = string(op, &args[1], "the path")?;
+    let bytes = read_file(path)?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| read_err(path, e))?;
+    let (_, meta) =
+        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| read_err(path, e))?;
+    let saved: Option<Vec<String>> =
+        meta.metadata()
+            .as_ref()
+            .and_then(|m| m.get(ORDER_KEY))
+            .map(|s| {
+                s.split(',')
+                    .filter(|n| !n.is_empty())
+                    .map(String::from)
+                    .collect()
+            });
+    let names = match saved {
+        Some(order) if order.len() == st.len() => order,
+        _ => meta.offset_keys(),
+    };
+    let mut root = Vec::new();
+    for name in &names {
+        let view = st.tensor(name).map_err(|e| read_err(path, e))?;
+        let t = st_tensor(path, name, &view)?;
+        let parts: Vec<&str> = name.split('.').collect();
+        insert(&mut root, &parts, t, name).map_err(|e| read_err(path, e))?;
+    }
+    Ok(Value::tuple(vec![Value::Io, build(root)]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{call, call_err, v, TestCtx};
+    use super::*;
+
+    fn tmp(name: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("adjoint-rt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(name).to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn prints() {
+        let mut ctx = TestCtx::default();
+        let args = [
+            Value::Io,
+            v(Tensor::scalar_i64(6)),
+            Value::str("loss"),
+            v(Tensor::from_vec(vec![1.0f32, 2.5, 3.0, 4.0], &[2, 2]).unwrap()),
+            Value::tuple(vec![v(Tensor::scalar_bool(true))]),
+        ];
+        assert_eq!(print(&mut ctx, &args).unwrap(), Value::Io);
+        print(&mut ctx, &[Value::Io]).unwrap();
+        assert_eq!(
+            String::from_utf8(ctx.out).unwrap(),
+            "6 loss [[1.0, 2.5], [3.0, 4.0]] (true,)\n\n"
+        );
+        assert!(call_err("print", &[v(Tensor::scalar_i64(1))]).contains("io token"));
+    }
+
+    #[test]
+    fn npy_round_trips() {
+        let cases = vec![
+            Tensor::from_vec(vec![1.0f32, -2.5, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap(),
+            Tensor::vector(vec![1.0f64, 0.1]),
+            Tensor::scalar_i64(-7),
+            Tensor::vector(vec![1i32, 2]),
+            Tensor::vector(vec![true, false]),
+            Tensor::vector(vec![0u8, 255]),
+            Tensor::zeros(DType::F32, &[0, 2]).unwrap(),
+        ];
+        for (i, t) in cases.into_iter().enumerate() {
+            let p = tmp(&format!("t{i}.npy"));
+            call(
+                "save_npy",
+                &[Value::Io, Value::str(p.as_str()), v(t.clone())],
+            );
+            let r = call("load_npy", &[Value::Io, Value::str(p.as_str())]);
+            assert_eq!(r, Value::tuple(vec![Value::Io, v(t)]));
+        }
+    }
+
+    #[test]
+    fn npy_fortran_order() {
+        use npyz::WriterBuilder;
+        let p = tmp("fortran.npy");
+        let file = std::fs::File::create(&p).unwrap();
+        let mut w = npyz::WriteOptions::new()
+            .default_dtype()
+            .order(npyz::Order::Fortran)
+            .shape(&[2, 3])
+            .writer(file)
+            .begin_nd()
+            .unwrap();
+        // Column-major data of [[1, 2, 3], [4, 5, 6]].
+        w.extend([1i64, 4, 2, 5, 3, 6]).unwrap();
+        w.finish().unwrap();
+        let r = call("load_npy", &[Value::Io, Value::str(p.as_str())]);
+        let t = r.as_tuple().unwrap()[1].as_tensor().unwrap().clone();
+        assert_eq!(
+            t,
+            Tensor::from_vec(vec![1i64, 2, 3, 4, 5, 6], &[2, 3]).unwrap()
+        );
+    }
+
+    #[test]
+    fn missing_files() {
+        assert_eq!(
+            call_err("load_npy", &[Value::Io, Value::str("/nonexistent/x.npy")]),
+            "cannot read \"/nonexistent/x.npy\": no such file or directory"
+        );
+        assert!(call_err(
+            "load_safetensors",
+            &[Value::Io, Value::str("/nonexistent/m.safetensors")]
+        )
+        .starts_with("cannot read \"/nonexistent/m.safetensors\""));
+        assert!(call_err(
+            "save_npy",
+            &[
+                Value::Io,
+                Value::str("/nonexistent/x.npy"),
+                v(Tensor::scalar_f32(1.0))
+            ]
+        )
+        .starts_with("cannot write \"/nonexistent/x.npy\""));
+        let p = tmp("garbage.npy");
+        std::fs::write(&p, b"not an npy file").unwrap();
+        assert!(
+            call_err("load_npy", &[Value::Io, Value::str(p.as_str())]).starts_with("cannot read")
+        );
+        assert!(
+            call_err("load_safetensors", &[Value::Io, Value::str(p.as_str())])
+                .starts_with("cannot read")
+        );
+    }
+
+    #[test]
+    fn safetensors_round_trip() {
+        let model = Value::record(vec![
+            (
+                "layer2",
+                Value::record(vec![
+                    (
+                        "w",
+                        v(Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap()),
+                    ),
+                    ("b", v(Tensor::vector(vec![0.5f32, -0.5]))),
+                ]),
+            ),
+            (
+                "layer1",
+                Value::record(vec![("w", v(Tensor::scalar_f64(3.0)))]),
+            ),
+            (
+                "state",
+                Value::tuple(vec![
+                    v(Tensor::vector(vec![1i64, 2])),
+                    v(Tensor::vector(vec![true])),
+                ]),
+            ),
+            ("step", v(Tensor::scalar_i32(7))),
+            ("bytes", v(Tensor::vector(vec![1u8, 2]))),
+        ]);
+        let p = tmp("model.safetensors");
+        let io = call(
+            "save_safetensors",
+            &[Value::Io, Value::str(p.as_str()), model.clone()],
+        );
+        assert_eq!(io, Value::Io);
+        let r = call("load_safetensors", &[Value::Io, Value::str(p.as_str())]);
+        assert_eq!(r, Value::tuple(vec![Value::Io, model.clone()]));
+        // Field order survives, even though the file sorts tensors.
+        assert_eq!(r.as_tuple().unwrap()[1].to_string(), model.to_string());
+        let bad = Value::record(vec![("f", Value::str("x"))]);
+        assert!(call_err(
+            "save_safetensors",
+            &[Value::Io, Value::str(p.as_str()), bad]
+        )
+        .contains("expected a record of tensors, got string at `f`"));
+    }
+}

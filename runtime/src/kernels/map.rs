@@ -1,0 +1,560 @@
+//! Element-wise kernels: unary and binary maps with broadcasting and the
+//! promotion rule, `where` and `cast`.
+
+use super::args::{arity, rule, tensor, typed};
+use super::num::{Float, Num};
+use super::strided::{broadcast_tensor, zip_broadcast};
+use super::Ctx;
+use crate::dtype::{self, BinaryClass, UnaryClass};
+use crate::error::RtError;
+use crate::shape;
+use crate::tensor::{Buffer, Element, Tensor};
+use crate::value::Value;
+use crate::{dispatch_all, dispatch_float, dispatch_numeric};
+
+fn float_fn<T: Float>(op: &str) -> Result<fn(T) -> T, RtError> {
+    Ok(match op {
+        "exp" => T::exp,
+        "log" => T::ln,
+        "log1p" => T::ln_1p,
+        "sin" => T::sin,
+        "cos" => T::cos,
+        "tanh" => T::tanh,
+        "sigmoid" => T::sigmoid,
+        "sqrt" => T::sqrt,
+        "rsqrt" => T::rsqrt,
+        "lgamma" => T::lgamma,
+        "erf" => T::erf,
+        _ => return Err(RtError::internal(format!("{op} is not a float map"))),
+    })
+}
+
+fn numeric_fn<T: Num>(op: &str) -> Result<fn(T) -> T, RtError> {
+    Ok(match op {
+        "neg" => T::neg,
+        "abs" => T::abs,
+        "sign" => T::sign,
+        "relu" => T::relu,
+        "floor" => T::floor,
+        "ceil" => T::ceil,
+        _ => return Err(RtError::internal(format!("{op} is not a numeric map"))),
+    })
+}
+
+fn map_vec<T: Element>(x: &[T], f: fn(T) -> T) -> Buffer {
+    T::wrap(x.iter().map(|&v| f(v)).collect())
+}
+
+/// A unary element-wise primitive (`exp`, `neg`, `not`, ...). Float
+/// functions of a weak int literal work in f64; results keep the input's
+/// weakness.
+pub fn unary(op: &str, args: &[Value]) -> Result<Value, RtError> {
+    arity(op, args, 1)?;
+    let x = tensor(op, &args[0], "x")?;
+    let (dt, weak) = rule(dtype::unary_result(op, (x.dtype(), x.weak)))?;
+    let x = x.cast(dt);
+    let not_here = || RtError::internal(format!("{op} on {dt}"));
+    let buf = match dtype::unary_class(op) {
+        Some(UnaryClass::Float) => {
+            dispatch_float!(dt, T => map_vec(typed::<T>(&x)?, float_fn::<T>(op)?), else return Err(not_here()))
+        }
+        Some(UnaryClass::Numeric) => {
+            dispatch_numeric!(dt, T => map_vec(typed::<T>(&x)?, numeric_fn::<T>(op)?), else return Err(not_here()))
+        }
+        Some(UnaryClass::Logical) => bool::wrap(typed::<bool>(&x)?.iter().map(|v| !v).collect()),
+        None => return Err(not_here()),
+    };
+    Ok(Value::Tensor(Tensor::new(buf, x.shape())?.with_weak(weak)))
+}
+
+fn arith_fn<T: Num>(op: &str) -> Result<fn(T, T) -> T, RtError> {
+    Ok(match op {
+        "add" => T::add,
+        "sub" => T::sub,
+        "mul" => T::mul,
+        "div" => T::div,
+        "rem" => T::rem,
+        "pow" => T::pow,
+        "maximum" => T::maximum,
+        "minimum" => T::minimum,
+        _ => return Err(RtError::internal(format!("{op} is not arithmetic"))),
+    })
+}
+
+fn compare_fn<T: Element>(op: &str) -> Result<fn(T, T) -> bool, RtError> {
+    Ok(match op {
+        "eq" => |a, b| a == b,
+        "ne" => |a, b| a != b,
+        "lt" => |a, b| a < b,
+        "le" => |a, b| a <= b,
+        "gt" => |a, b| a > b,
+        "ge" => |a, b| a >= b,
+        _ => return Err(RtError::internal(format!("{op} is not a comparison"))),
+    })
+}
+
+/// Integer `div`/`rem` by zero and `pow` with a negative exponent are errors.
+fn check_int_operands<T: Num>(op: &str, rhs: &[T], out_len: usize) -> Result<(), RtError> {
+    if T::DTYPE.is_float() || out_len == 0 {
+        return Ok(());
+    }
+    match op {
+        "div" | "rem" if rhs.iter().any(|&v| v == T::zero()) => {
+            Err(RtError::new(format!("{op}: integer division by zero")))
+        }
+        "pow" => match rhs.iter().find(|v| v.is_negative()) {
+            Some(e) => Err(RtError::new(format!(
+                "pow: negative exponent {} for an integer power; use a float base",
+                e.to_i64()
+            ))),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// A binary element-wise primitive with NumPy broadcasting and the
+/// promotion rule (`add`, `lt`, `and`, ...).
+pub fn binary(op: &str, args: &[Value]) -> Result<Value, RtError> {
+    arity(op, args, 2)?;
+    let a = tensor(op, &args[0], "x")?;
+    let b = tensor(op, &args[1], "y")?;
+    let out = rule(shape::broadcast(op, a.ty(), b.ty()))?;
+    let (cdt, _) = rule(dtype::binary_operands(
+        op,
+        (a.dtype(), a.weak),
+        (b.dtype(), b.weak),
+    ))?;
+    let (rdt, rweak) = rule(dtype::binary_result(
+        op,
+        (a.dtype(), a.weak),
+        (b.dtype(), b.weak),
+    ))?;
+    let (a, b) = (a.cast(cdt), b.cast(cdt));
+    let n = shape::size(&out);
+    let not_here = || RtError::internal(format!("{op} on {cdt}"));
+    let buf = match dtype::binary_class(op) {
+        Some(BinaryClass::Arith) => dispatch_numeric!(cdt, T => {
+            let (x, y) = (typed::<T>(&a)?, typed::<T>(&b)?);
+            check_int_operands(op, y, n)?;
+            T::wrap(zip_broadcast(x, a.shape(), y, b.shape(), &out, arith_fn::<T>(op)?))
+        }, else return Err(not_here())),
+        Some(BinaryClass::Compare) => dispatch_all!(cdt, T => {
+            let (x, y) = (typed::<T>(&a)?, typed::<T>(&b)?);
+            bool::wrap(zip_broadcast(x, a.shape(), y, b.shape(), &out, compare_fn::<T>(op)?))
+        }),
+        Some(BinaryClass::Logical) => {
+            let (x, y) = (typed::<bool>(&a)?, typed::<bool>(&b)?);
+            let f: fn(bool, bool) -> bool = if op == "and" {
+                |p, q| p && q
+            } else {
+                |p, q| p || q
+            };
+            bool::wrap(zip_broadcast(x, a.shape(), y, b.shape(), &out, f))
+        }
+        None => return Err(not_here()),
+    };
+    debug_assert_eq!(buf.dtype(), rdt);
+    Ok(Value::Tensor(Tensor::new(buf, &out)?.with_weak(rweak)))
+}
+
+/// `where(c, a, b)`: `a` where the bool `c` holds, else `b`; all three broadcast.
+pub fn where_(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "where";
+    arity(op, args, 3)?;
+    let c = tensor(op, &args[0], "the condition")?;
+    let a = tensor(op, &args[1], "x")?;
+    let b = tensor(op, &args[2], "y")?;
+    let out = rule(shape::broadcast_all(op, &[c.ty(), a.ty(), b.ty()]))?;
+    let (dt, weak) = rule(dtype::where_result(
+        (c.dtype(), c.weak),
+        (a.dtype(), a.weak),
+        (b.dtype(), b.weak),
+    ))?;
+    let c = broadcast_tensor(c, &out)?;
+    let a = broadcast_tensor(&a.cast(dt), &out)?;
+    let b = broadcast_tensor(&b.cast(dt), &out)?;
+    let cond = typed::<bool>(&c)?;
+    let buf = dispatch_all!(dt, T => {
+        let (x, y) = (typed::<T>(&a)?, typed::<T>(&b)?);
+        T::wrap(cond.iter().zip(x.iter().zip(y)).map(|(&k, (&p, &q))| if k { p } else { q }).collect())
+    });
+    Ok(Value::Tensor(Tensor::new(buf, &out)?.with_weak(weak)))
+}
+
+/// `cast(x, dtype)`: element-wise conversion (float to int truncates toward
+/// zero); the result is strong.
+pub fn cast(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "cast";
+    arity(op, args, 2)?;
+    let x = tensor(op, &args[0], "x")?;
+    let Value::DType(dt) = &args[1] else {
+        return Err(RtError::new(format!(
+            "cast: expected a dtype such as f32, got {}",
+            args[1].kind()
+        )));
+    };
+    Ok(Value::Tensor(x.cast(*dt).with_weak(false)))
+}
+
+macro_rules! unary_kernels {
+    ($($name:ident),*) => {$(
+        #[doc = concat!("`", stringify!($name), "(x)`, element-wise.")]
+        pub fn $name(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+            unary(stringify!($name), args)
+        }
+    )*};
+}
+
+macro_rules! binary_kernels {
+    ($($name:ident),*) => {$(
+        #[doc = concat!("`", stringify!($name), "(x, y)`, element-wise with broadcasting.")]
+        pub fn $name(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+            binary(stringify!($name), args)
+        }
+    )*};
+}
+
+unary_kernels!(
+    neg, exp, log, log1p, sin, cos, tanh, sigmoid, relu, sqrt, rsqrt, abs, sign, floor, ceil,
+    lgamma, erf, not
+);
+binary_kernels!(add, sub, mul, div, pow, rem, maximum, minimum, eq, ne, lt, le, gt, ge, and, or);
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{call, call_err, f32s, f64s, i64s, v};
+    use super::*;
+    use crate::tensor::DType;
+
+    #[test]
+    fn unary_floats() {
+        let x = v(Tensor::vector(vec![0.0f32, 1.0]));
+        assert_eq!(
+            call("exp", std::slice::from_ref(&x)),
+            v(Tensor::vector(vec![1.0f32, 1.0f32.exp()]))
+        );
+        assert_eq!(
+            call("neg", std::slice::from_ref(&x)),
+            v(Tensor::vector(vec![-0.0f32, -1.0]))
+        );
+        assert_eq!(
+            f64s(&call("sqrt", &[v(Tensor::vector(vec![4.0f64, 9.0]))])),
+            vec![2.0, 3.0]
+        );
+        assert_eq!(
+            f64s(&call("rsqrt", &[v(Tensor::vector(vec![4.0f64]))])),
+            vec![0.5]
+        );
+        assert_eq!(f64s(&call("log", &[v(Tensor::scalar_f64(1.0))])), vec![0.0]);
+        assert_eq!(
+            f64s(&call("log1p", &[v(Tensor::scalar_f64(0.0))])),
+            vec![0.0]
+        );
+        assert_eq!(f64s(&call("sin", &[v(Tensor::scalar_f64(0.0))])), vec![0.0]);
+        assert_eq!(f64s(&call("cos", &[v(Tensor::scalar_f64(0.0))])), vec![1.0]);
+        assert_eq!(
+            f64s(&call("tanh", &[v(Tensor::scalar_f64(0.0))])),
+            vec![0.0]
+        );
+        assert_eq!(
+            f64s(&call("sigmoid", &[v(Tensor::scalar_f64(0.0))])),
+            vec![0.5]
+        );
+        assert_eq!(
+            f64s(&call("relu", &[v(Tensor::vector(vec![-1.0f64, 2.0]))])),
+            vec![0.0, 2.0]
+        );
+        assert_eq!(
+            f64s(&call("abs", &[v(Tensor::vector(vec![-1.5f64, 2.0]))])),
+            vec![1.5, 2.0]
+        );
+        assert_eq!(
+            f64s(&call("sign", &[v(Tensor::vector(vec![-1.5f64, 0.0, 3.0]))])),
+            vec![-1.0, 0.0, 1.0]
+        );
+        assert_eq!(
+            f64s(&call("floor", &[v(Tensor::vector(vec![-1.5f64, 1.5]))])),
+            vec![-2.0, 1.0]
+        );
+        assert_eq!(
+            f64s(&call("ceil", &[v(Tensor::vector(vec![-1.5f64, 1.5]))])),
+            vec![-1.0, 2.0]
+        );
+        let lg = f64s(&call(
+            "lgamma",
+            &[v(Tensor::vector(vec![1.0f64, 4.0, 0.5]))],
+        ));
+        assert!(lg[0].abs() < 1e-15 && (lg[1] - 6f64.ln()).abs() < 1e-12);
+        assert!((lg[2] - std::f64::consts::PI.sqrt().ln()).abs() < 1e-12);
+        let e = f32s(&call("erf", &[v(Tensor::vector(vec![0.0f32, 1.0]))]));
+        assert_eq!(e[0], 0.0);
+        assert!((e[1] - 0.842_700_8).abs() < 1e-6);
+    }
+
+    #[test]
+    fn unary_weak_and_ints() {
+        // A weak int literal works in f64 and stays weak.
+        let r = call("exp", &[v(Tensor::weak_i64(0))]);
+        assert_eq!(r, v(Tensor::weak_f64(1.0)));
+        assert_eq!(
+            call_err("exp", &[v(Tensor::scalar_i64(1))]),
+            "exp: expected a float operand, got i64; use a cast such as f32(x)"
+        );
+        assert_eq!(
+            call("neg", &[v(Tensor::vector(vec![3i64]))]),
+            v(Tensor::vector(vec![-3i64]))
+        );
+        assert_eq!(
+            call("abs", &[v(Tensor::vector(vec![-3i32]))]),
+            v(Tensor::vector(vec![3i32]))
+        );
+        assert_eq!(
+            call("relu", &[v(Tensor::weak_i64(-3))]),
+            v(Tensor::weak_i64(0))
+        );
+        assert_eq!(
+            call("not", &[v(Tensor::vector(vec![true, false]))]),
+            v(Tensor::vector(vec![false, true]))
+        );
+        assert!(call_err("not", &[v(Tensor::scalar_f32(1.0))]).starts_with("not: expected a bool"));
+        assert!(call_err("neg", &[]).starts_with("neg: expected 1 argument, got 0"));
+        assert!(call_err("neg", &[Value::unit()]).contains("expected a tensor"));
+    }
+
+    #[test]
+    fn binary_broadcast_and_promotion() {
+        let x = v(Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap());
+        let y = v(Tensor::vector(vec![10.0f32, 20.0]));
+        assert_eq!(
+            f32s(&call("add", &[x.clone(), y.clone()])),
+            vec![11.0, 22.0, 13.0, 24.0]
+        );
+        // A weak int adopts f32; the result is strong f32.
+        let r = call("mul", &[x.clone(), v(Tensor::weak_i64(2))]);
+        assert_eq!(
+            r,
+            v(Tensor::from_vec(vec![2.0f32, 4.0, 6.0, 8.0], &[2, 2]).unwrap())
+        );
+        let r = call("pow", &[x.clone(), v(Tensor::weak_i64(2))]);
+        assert_eq!(f32s(&r), vec![1.0, 4.0, 9.0, 16.0]);
+        assert_eq!(
+            call_err(
+                "add",
+                &[
+                    v(Tensor::vector(vec![1.0f32; 3])),
+                    v(Tensor::vector(vec![1.0f32; 4]))
+                ]
+            ),
+            "add: shapes f32[3] and f32[4] cannot be broadcast"
+        );
+        assert_eq!(
+            call_err(
+                "add",
+                &[v(Tensor::scalar_f32(1.0)), v(Tensor::scalar_f64(1.0))]
+            ),
+            "add: dtype mismatch f32 and f64; use a cast such as f32(x)"
+        );
+        // Both weak: int with float gives a weak f64.
+        assert_eq!(
+            call("add", &[v(Tensor::weak_i64(1)), v(Tensor::weak_f64(0.5))]),
+            v(Tensor::weak_f64(1.5))
+        );
+        assert_eq!(
+            call("sub", &[v(Tensor::weak_i64(1)), v(Tensor::weak_i64(3))]),
+            v(Tensor::weak_i64(-2))
+        );
+        assert_eq!(
+            f64s(&call(
+                "maximum",
+                &[
+                    v(Tensor::vector(vec![1.0f64, 5.0])),
+                    v(Tensor::weak_f64(2.0))
+                ]
+            )),
+            vec![2.0, 5.0]
+        );
+        assert_eq!(
+            f64s(&call(
+                "minimum",
+                &[
+                    v(Tensor::vector(vec![1.0f64, 5.0])),
+                    v(Tensor::weak_f64(2.0))
+                ]
+            )),
+            vec![1.0, 2.0]
+        );
+        assert_eq!(
+            f64s(&call(
+                "div",
+                &[v(Tensor::scalar_f64(1.0)), v(Tensor::scalar_f64(4.0))]
+            )),
+            vec![0.25]
+        );
+        assert_eq!(
+            f64s(&call(
+                "rem",
+                &[v(Tensor::scalar_f64(-7.5)), v(Tensor::scalar_f64(2.0))]
+            )),
+            vec![-1.5]
+        );
+    }
+
+    #[test]
+    fn int_arithmetic() {
+        let a = v(Tensor::vector(vec![7i64, -7, 7, -7]));
+        let b = v(Tensor::vector(vec![2i64, 2, -2, -2]));
+        assert_eq!(
+            i64s(&call("div", &[a.clone(), b.clone()])),
+            vec![3, -3, -3, 3]
+        );
+        assert_eq!(
+            i64s(&call("rem", &[a.clone(), b.clone()])),
+            vec![1, -1, 1, -1]
+        );
+        assert_eq!(
+            call_err("div", &[a.clone(), v(Tensor::weak_i64(0))]),
+            "div: integer division by zero"
+        );
+        assert!(call_err("rem", &[a.clone(), v(Tensor::weak_i64(0))]).contains("division by zero"));
+        assert_eq!(
+            i64s(&call(
+                "pow",
+                &[v(Tensor::weak_i64(2)), v(Tensor::weak_i64(10))]
+            )),
+            vec![1024]
+        );
+        assert!(
+            call_err("pow", &[v(Tensor::weak_i64(2)), v(Tensor::weak_i64(-1))])
+                .contains("negative exponent -1")
+        );
+        // The weak int exponent adopts u8.
+        let r = call("pow", &[v(Tensor::scalar_u8(3)), v(Tensor::weak_i64(2))]);
+        assert_eq!(r, v(Tensor::scalar_u8(9)));
+        assert!(call_err(
+            "add",
+            &[v(Tensor::scalar_bool(true)), v(Tensor::scalar_bool(true))]
+        )
+        .starts_with("add: expected numeric operands"));
+    }
+
+    #[test]
+    fn comparisons_and_logic() {
+        let a = v(Tensor::vector(vec![1.0f32, 2.0, 3.0]));
+        let two = v(Tensor::weak_f64(2.0));
+        let bools = |r: &Value| r.as_tensor().unwrap().as_bool().unwrap().to_vec();
+        assert_eq!(
+            bools(&call("lt", &[a.clone(), two.clone()])),
+            vec![true, false, false]
+        );
+        assert_eq!(
+            bools(&call("le", &[a.clone(), two.clone()])),
+            vec![true, true, false]
+        );
+        assert_eq!(
+            bools(&call("gt", &[a.clone(), two.clone()])),
+            vec![false, false, true]
+        );
+        assert_eq!(
+            bools(&call("ge", &[a.clone(), two.clone()])),
+            vec![false, true, true]
+        );
+        assert_eq!(
+            bools(&call("eq", &[a.clone(), two.clone()])),
+            vec![false, true, false]
+        );
+        assert_eq!(
+            bools(&call("ne", &[a.clone(), two.clone()])),
+            vec![true, false, true]
+        );
+        let r = call("eq", &[v(Tensor::weak_i64(1)), v(Tensor::weak_i64(1))]);
+        assert_eq!(r, v(Tensor::scalar_bool(true)));
+        let p = v(Tensor::vector(vec![true, true, false, false]));
+        let q = v(Tensor::vector(vec![true, false, true, false]));
+        assert_eq!(
+            bools(&call("and", &[p.clone(), q.clone()])),
+            vec![true, false, false, false]
+        );
+        assert_eq!(
+            bools(&call("or", &[p.clone(), q.clone()])),
+            vec![true, true, true, false]
+        );
+        assert!(call_err("and", &[p, v(Tensor::weak_i64(1))])
+            .starts_with("and: expected bool operands"));
+    }
+
+    #[test]
+    fn where_and_cast() {
+        let c = v(Tensor::vector(vec![true, false, true]));
+        let a = v(Tensor::vector(vec![1.0f32, 2.0, 3.0]));
+        let r = call("where", &[c.clone(), a.clone(), v(Tensor::weak_i64(0))]);
+        assert_eq!(r, v(Tensor::vector(vec![1.0f32, 0.0, 3.0])));
+        let c2 = v(Tensor::from_vec(vec![true, false], &[2, 1]).unwrap());
+        let r = call("where", &[c2, a.clone(), v(Tensor::scalar_f32(-1.0))]);
+        assert_eq!(f32s(&r), vec![1.0, 2.0, 3.0, -1.0, -1.0, -1.0]);
+        assert!(call_err("where", &[a.clone(), a.clone(), a.clone()]).contains("bool condition"));
+        let r = call(
+            "cast",
+            &[
+                v(Tensor::vector(vec![-1.9f64, 2.9])),
+                Value::DType(DType::I32),
+            ],
+        );
+        assert_eq!(r, v(Tensor::vector(vec![-1i32, 2])));
+        let r = call(
+            "cast",
+            &[v(Tensor::weak_f64(2.5)), Value::DType(DType::F32)],
+        );
+        assert_eq!(r, v(Tensor::scalar_f32(2.5)));
+        assert!(call_err("cast", &[a, Value::unit()]).contains("expected a dtype"));
+    }
+
+    mod props {
+        use super::super::super::testing::{call, v};
+        use crate::tensor::Tensor;
+        use proptest::prelude::*;
+
+        /// A shape, and a second shape that broadcasts with it (a suffix with
+        /// some dimensions turned into 1s).
+        fn shapes() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+            prop::collection::vec(1usize..4, 0..4)
+                .prop_flat_map(|a| {
+                    let n = a.len();
+                    (Just(a), 0..=n, prop::collection::vec(any::<bool>(), n))
+                })
+                .prop_map(|(a, keep, ones)| {
+                    let start = a.len() - keep;
+                    let b = a[start..]
+                        .iter()
+                        .zip(&ones[start..])
+                        .map(|(&d, &one)| if one { 1 } else { d })
+                        .collect();
+                    (a, b)
+                })
+        }
+
+        fn filled(shape: &[usize], seed: f64) -> Tensor {
+            let n = shape.iter().product::<usize>();
+            let data = (0..n).map(|i| seed * (i as f64 + 1.0) - 3.0).collect();
+            Tensor::from_vec::<f64>(data, shape).unwrap()
+        }
+
+        proptest! {
+            #[test]
+            fn broadcasting_add_commutes((sa, sb) in shapes(), x in -5.0f64..5.0, y in -5.0f64..5.0) {
+                let a = v(filled(&sa, x));
+                let b = v(filled(&sb, y));
+                let ab = call("add", &[a.clone(), b.clone()]);
+                let ba = call("add", &[b, a]);
+                prop_assert_eq!(ab.as_tensor().unwrap().shape(), &sa[..]);
+                prop_assert_eq!(ab, ba);
+            }
+
+            #[test]
+            fn mul_by_one_is_identity((sa, _) in shapes(), x in -5.0f64..5.0) {
+                let a = v(filled(&sa, x));
+                prop_assert_eq!(call("mul", &[a.clone(), v(Tensor::weak_i64(1))]), a);
+            }
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Reference kernels: one function per primitive, all with the signature
+//! [`Kernel`], found by name through [`lookup`] or the [`KERNELS`] table.
+//!
+//! Arguments arrive positionally, keyword arguments already normalised by
+//! the compiler; an omitted optional argument arrives as `()`
+//! ([`Value::unit`]). Kernels never panic on user input: every failure is
+//! an [`RtError`] whose message names the operation and the operand types.
+//! The VM adds the source location.
+//!
+//! The table below is the contract with the compiler: the names and the
+//! positional parameters of every primitive.
+//!
+//! | category | kernels (parameters) |
+//! | --- | --- |
+//! | unary map | `neg exp log log1p sin cos tanh sigmoid relu sqrt rsqrt abs sign floor ceil lgamma erf not` (x) |
+//! | binary map | `add sub mul div pow rem maximum minimum eq ne lt le gt ge and or` (x, y) |
+//! | select, convert | `where(c, a, b)`, `cast(x, dtype)` |
+//! | reduce | `sum mean max min prod argmax` (x, axis, keepdims) |
+//! | shape | `reshape(x, shape)`, `transpose(x, perm)`, `broadcast_to(x, shape)`, `concat(xs, axis)`, `stack(xs, axis)`, `expand_dims(x, axis)`, `squeeze(x, axis)`, `shape(x)`, `size(x)`, `dtype(x)` |
+//! | gather | `take(x, idx, axis)`, `index(x, c0, c1, ..)` |
+//! | linear algebra | `matmul(a, b)`, `dot(a, b)`, `outer(a, b)` |
+//! | creation | `zeros(shape, dtype)`, `ones(shape, dtype)`, `full(shape, v, dtype)`, `zeros_like(x)`, `ones_like(x)`, `arange(n, dtype)`, `eye(n, dtype)`, `one_hot(labels, n, dtype)` |
+//! | random | `randn(shape, seed, dtype)`, `rand(shape, seed, dtype)`, `permutation(n, seed)` |
+//! | trees | `tree_map(f, t, ..)`, `tree_sum(t)` |
+//! | structure | `make_tuple(..)`, `tuple_get(t, i)`, `make_record(name0, v0, ..)`, `record_get(r, name)`, `tensor_literal(e0, ..)` |
+//! | IO | `print(io, ..)`, `load_npy(io, path)`, `save_npy(io, path, x)`, `save_safetensors(io, path, record)`, `load_safetensors(io, path)` |
+
+use std::io::Write;
+
+use crate::error::RtError;
+use crate::value::Value;
+
+pub mod args;
+pub mod create;
+pub mod index;
+pub mod io;
+pub mod linalg;
+pub mod map;
+pub mod num;
+pub mod random;
+pub mod reduce;
+pub mod shape;
+pub mod strided;
+pub mod structural;
+pub mod tree;
+
+/// What a kernel may ask of the machine that runs it.
+pub trait Ctx {
+    /// Calls a function value (for `tree_map`).
+    fn call(&mut self, f: &Value, args: &[Value]) -> Result<Value, RtError>;
+    /// Where `print` writes.
+    fn stdout(&mut self) -> &mut dyn Write;
+}
+
+/// The signature of every kernel.
+pub type Kernel = fn(&mut dyn Ctx, &[Value]) -> Result<Value, RtError>;
+
+/// Runs `$body` with the type alias `$T` bound to the element type of a
+/// numeric dtype; `$other` is evaluated for bool.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_numeric {
+    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {
+        match $dt {
+            $crate::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::tensor::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::tensor::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::tensor::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::tensor::DType::Bool => $other,
+        }
+    };
+}
+
+/// Runs `$body` with the type alias `$T` bound to the element type of a
+/// float dtype; `$other` is evaluated for the others.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_float {
+    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {
+        match $dt {
+            $crate::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            _ => $other,
+        }
+    };
+}
+
+/// Runs `$body` with the type alias `$T` bound to the element type of any dtype.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_all {
+    ($dt:expr, $T:ident => $body:expr) => {
+        $crate::dispatch_numeric!($dt, $T => $body, else {
+            type $T = bool;
+            $body
+        })
+    };
+}
+
+/// Every kernel by primitive name.
+pub const KERNELS: &[(&str, Kernel)] = &[
+    // unary maps
+    ("neg", map::neg),
+    ("exp", map::exp),
+    ("log", map::log),
+    ("log1p", map::log1p),
+    ("sin", map::sin),
+    ("cos", map::cos),
+    ("tanh", map::tanh),
+    ("sigmoid", map::sigmoid),
+    ("relu", map::relu),
+    ("sqrt", map::sqrt),
+    ("rsqrt", map::rsqrt),
+    ("abs", map::abs),
+    ("sign", map::sign),
+    ("floor", map::floor),
+    ("ceil", map::ceil),
+    ("lgamma", map::lgamma),
+    ("erf", map::erf),
+    ("not", map::not),
+    // binary maps
+    ("add", map::add),
+    ("sub", map::sub),
+    ("mul", map::mul),
+    ("div", map::div),
+    ("pow", map::pow),
+    ("rem", map::rem),
+    ("maximum", map::maximum),
+    ("minimum", map::minimum),
+    ("eq", map::eq),
+    ("ne", map::ne),
+    ("lt", map::lt),
+    ("le", map::le),
+    ("gt", map::gt),
+    ("ge", map::ge),
+    ("and", map::and),
+    ("or", map::or),
+    ("where", map::where_),
+    ("cast", map::cast),
+    // reductions
+    ("sum", reduce::sum),
+    ("mean", reduce::mean),
+    ("max", reduce::max),
+    ("min", reduce::min),
+    ("prod", reduce::prod),
+    ("argmax", reduce::argmax),
+    // shape
+    ("reshape", shape::reshape),
+    ("transpose", shape::transpose),
+    ("broadcast_to", shape::broadcast_to),
+    ("concat", shape::concat),
+    ("stack", shape::stack),
+    ("expand_dims", shape::expand_dims),
+    ("squeeze", shape::squeeze),
+    ("shape", shape::shape),
+    ("size", shape::size),
+    ("dtype", shape::dtype),
+    // gather
+    ("take", index::take),
+    ("index", index::index),
+    // linear algebra
+    ("matmul", linalg::matmul),
+    ("dot", linalg::dot),
+    ("outer", linalg::outer),
+    // creation
+    ("zeros", create::zeros),
+    ("ones", create::ones),
+    ("full", create::full),
+    ("zeros_like", create::zeros_like),
+    ("ones_like", create::ones_like),
+    ("arange", create::arange),
+    ("eye", create::eye),
+    ("one_hot", create::one_hot),
+    // random
+    ("randn", random::randn),
+    ("rand", random::rand),
+    ("permutation", random::permutation),
+    // trees
+    ("tree_map", tree::tree_map),
+    ("tree_sum", tree::tree_sum),
+    // structure
+    ("make_tuple", structural::make_tuple),
+    ("tuple_get", structural::tuple_get),
+    ("make_record", structural::make_record),
+    ("record_get", structural::record_get),
+    ("tensor_literal", structural::tensor_literal),
+    // IO
+    ("print", io::print),
+    ("load_npy", io::load_npy),
+    ("save_npy", io::save_npy),
+    ("save_safetensors", io::save_safetensors),
+    ("load_safetensors", io::load_safetensors),
+];
+
+/// The kernel of the primitive `name`.
+pub fn lookup(name: &str) -> Option<Kernel> {
+    KERNELS.iter().find(|(n, _)| *n == name).map(|(_, k)| *k)
+}
+
+/// Helpers for the kernels' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use crate::tensor::Tensor;
+
+    /// A context whose function values are kernels: code 0 is `add`, code 1
+    /// is `neg`, code 2 is `mul`; `print` writes into `out`.
+    #[derive(Default)]
+    pub struct TestCtx {
+        pub out: Vec<u8>,
+    }
+
+    impl Ctx for TestCtx {
+        fn call(&mut self, f: &Value, args: &[Value]) -> Result<Value, RtError> {
+            let Value::Func(c) = f else {
+                return Err(RtError::new(format!("cannot call {}", f.kind())));
+            };
+            let name = match c.code.0 {
+                0 => "add",
+                1 => "neg",
+                2 => "mul",
+                _ => return Err(RtError::new("unknown test function")),
+            };
+            let k = lookup(name).ok_or_else(|| RtError::new("no kernel"))?;
+            k(self, args)
+        }
+        fn stdout(&mut self) -> &mut dyn Write {
+            &mut self.out
+        }
+    }
+
+    /// Runs a kernel and returns its result or its error.
+    pub fn try_call(name: &str, args: &[Value]) -> Result<Value, RtError> {
+        let k = lookup(name).unwrap_or_else(|| panic!("no kernel {name}"));
+        k(&mut TestCtx::default(), args)
+    }
+
+    /// Runs a kernel that must succeed.
+    pub fn call(name: &str, args: &[Value]) -> Value {
+        try_call(name, args).unwrap_or_else(|e| panic!("{name} failed: {e}"))
+    }
+
+    /// Runs a kernel that must fail; returns the message.
+    pub fn call_err(name: &str, args: &[Value]) -> String {
+        match try_call(name, args) {
+            Ok(v) => panic!("{name} succeeded with {v}"),
+            Err(e) => e.message,
+        }
+    }
+
+    /// A tensor value.
+    pub fn v(t: Tensor) -> Value {
+        Value::Tensor(t)
+    }
+
+    fn t(x: &Value) -> &Tensor {
+        x.as_tensor().expect("a tensor")
+    }
+
+    /// The f32 elements of a tensor value.
+    pub fn f32s(x: &Value) -> Vec<f32> {
+        t(x).as_f32().expect("f32").to_vec()
+    }
+
+    /// The f64 elements of a tensor value.
+    pub fn f64s(x: &Value) -> Vec<f64> {
+        t(x).as_f64().expect("f64").to_vec()
+    }
+
+    /// The i64 elements of a tensor value.
+    pub fn i64s(x: &Value) -> Vec<i64> {
+        t(x).as_i64().expect("i64").to_vec()
+    }
+
+    /// The shape of a tensor value.
+    pub fn shape_of(x: &Value) -> Vec<usize> {
+        t(x).shape().to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_has_unique_names_and_lookup_works() {
+        let mut names: Vec<&str> = KERNELS.iter().map(|(n, _)| *n).collect();
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate kernel names");
+        assert!(lookup("add").is_some());
+        assert!(lookup("where").is_some());
+        assert!(lookup("frobnicate").is_none());
+    }
+}

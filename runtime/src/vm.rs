@@ -1,0 +1,388 @@
+//! The virtual machine: runs a [`Program`] — code objects made from IR
+//! graphs — with closures, tail calls and an explicit frame stack, so deep
+//! recursion and long loops use heap memory, never the Rust stack.
+//!
+//! A code object's slots hold, in order: its parameters, the values its
+//! closure captured, then one slot per instruction result.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use crate::error::RtError;
+use crate::kernels::{Ctx, Kernel};
+use crate::value::{Closure, CodeId, Value};
+
+/// An instruction operand: a slot of the current frame or a constant of the
+/// current code object.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Operand {
+    Slot(u32),
+    Const(u32),
+}
+
+/// Index into [`Program::locs`]: where in the source an instruction came
+/// from. The meaning of a location is up to the producer of the program.
+pub type LocIndex = u32;
+
+#[derive(Clone)]
+pub enum Instr {
+    /// `dst = kernel(args..)`.
+    Prim {
+        dst: u32,
+        name: &'static str,
+        kernel: Kernel,
+        args: Vec<Operand>,
+        loc: LocIndex,
+    },
+    /// `dst = if cond { a } else { b }` (a and b are already evaluated).
+    Switch {
+        dst: u32,
+        cond: Operand,
+        a: Operand,
+        b: Operand,
+        loc: LocIndex,
+    },
+    /// `dst = closure of code capturing these values`.
+    MakeClosure {
+        dst: u32,
+        code: CodeId,
+        captures: Vec<Operand>,
+    },
+    /// `dst = callee(args..)`.
+    Call {
+        dst: u32,
+        callee: Operand,
+        args: Vec<Operand>,
+        loc: LocIndex,
+    },
+    /// Returns `callee(args..)`, replacing the current frame.
+    TailCall {
+        callee: Operand,
+        args: Vec<Operand>,
+        loc: LocIndex,
+    },
+}
+
+impl std::fmt::Debug for Instr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Instr::Prim { dst, name, args, .. } => write!(f, "s{dst} = {name}{args:?}"),
+            Instr::Switch { dst, cond, a, b, .. } => {
+                write!(f, "s{dst} = switch({cond:?}, {a:?}, {b:?})")
+            }
+            Instr::MakeClosure { dst, code, captures } => {
+                write!(f, "s{dst} = closure({}, {captures:?})", code.0)
+            }
+            Instr::Call {
+                dst, callee, args, ..
+            } => write!(f, "s{dst} = call {callee:?}{args:?}"),
+            Instr::TailCall { callee, args, .. } => write!(f, "tailcall {callee:?}{args:?}"),
+        }
+    }
+}
+
+/// One compiled graph.
+#[derive(Clone, Debug)]
+pub struct Code {
+    pub name: String,
+    pub n_params: u32,
+    pub n_captures: u32,
+    pub n_slots: u32,
+    pub consts: Vec<Value>,
+    pub instrs: Vec<Instr>,
+    /// The result, when the code does not end in a tail call.
+    pub ret: Operand,
+}
+
+/// An executable program.
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    pub codes: Vec<Code>,
+}
+
+impl Program {
+    pub fn code(&self, id: CodeId) -> &Code {
+        &self.codes[id.0 as usize]
+    }
+}
+
+/// A run-time error, with the location of the instruction that failed.
+#[derive(Clone, Debug)]
+pub struct VmError {
+    pub message: String,
+    pub loc: Option<LocIndex>,
+}
+
+impl std::fmt::Display for VmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for VmError {}
+
+struct Frame {
+    code: CodeId,
+    pc: usize,
+    slots: Vec<Option<Value>>,
+    /// Slot of the caller that receives this frame's result; `None` for the
+    /// bottom frame of a [`Vm::call`].
+    ret_dst: Option<u32>,
+}
+
+/// Limits that turn runaway programs into errors.
+#[derive(Copy, Clone, Debug)]
+pub struct Limits {
+    /// Maximum number of nested (non-tail) calls.
+    pub max_depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { max_depth: 200_000 }
+    }
+}
+
+/// Runs programs. Output of `print` goes to the writer given at creation.
+pub struct Vm<'a> {
+    program: &'a Program,
+    out: &'a mut dyn Write,
+    frames: Vec<Frame>,
+    limits: Limits,
+    /// Location of the innermost call being made by a kernel (for errors
+    /// raised inside callbacks such as `tree_map`).
+    pending: Option<VmError>,
+}
+
+impl<'a> Vm<'a> {
+    pub fn new(program: &'a Program, out: &'a mut dyn Write) -> Vm<'a> {
+        Vm {
+            program,
+            out,
+            frames: Vec::new(),
+            limits: Limits::default(),
+            pending: None,
+        }
+    }
+
+    pub fn with_limits(mut self, limits: Limits) -> Vm<'a> {
+        self.limits = limits;
+        self
+    }
+
+    /// Makes a closure of `code` with no captures (a top-level graph).
+    pub fn function(code: CodeId) -> Value {
+        Value::Func(Arc::new(Closure {
+            code,
+            captures: Vec::new(),
+        }))
+    }
+
+    /// Calls function value `f` with `args` and runs it to completion.
+    pub fn call(&mut self, f: &Value, args: Vec<Value>) -> Result<Value, VmError> {
+        let base = self.frames.len();
+        self.push_frame(f, args, None, None)?;
+        let result = self.run(base);
+        if result.is_err() {
+            self.frames.truncate(base);
+        }
+        result
+    }
+
+    fn push_frame(
+        &mut self,
+        f: &Value,
+        args: Vec<Value>,
+        ret_dst: Option<u32>,
+        loc: Option<LocIndex>,
+    ) -> Result<(), VmError> {
+        let frame = self.make_frame(f, args, ret_dst, loc)?;
+        if self.frames.len() >= self.limits.max_depth {
+            return Err(VmError {
+                message: format!(
+                    "recursion too deep: more than {} nested calls",
+                    self.limits.max_depth
+                ),
+                loc,
+            });
+        }
+        self.frames.push(frame);
+        Ok(())
+    }
+
+    fn make_frame(
+        &self,
+        f: &Value,
+        args: Vec<Value>,
+        ret_dst: Option<u32>,
+        loc: Option<LocIndex>,
+    ) -> Result<Frame, VmError> {
+        let Value::Func(closure) = f else {
+            return Err(VmError {
+                message: format!("cannot call a value of type {}", f.kind()),
+                loc,
+            });
+        };
+        let code = self.program.code(closure.code);
+        if args.len() != code.n_params as usize {
+            return Err(VmError {
+                message: format!(
+                    "function `{}` expects {} argument{}, got {}",
+                    display_name(&code.name),
+                    code.n_params,
+                    if code.n_params == 1 { "" } else { "s" },
+                    args.len()
+                ),
+                loc,
+            });
+        }
+        let mut slots: Vec<Option<Value>> = Vec::with_capacity(code.n_slots as usize);
+        slots.extend(args.into_iter().map(Some));
+        slots.extend(closure.captures.iter().cloned().map(Some));
+        slots.resize(code.n_slots as usize, None);
+        Ok(Frame {
+            code: closure.code,
+            pc: 0,
+            slots,
+            ret_dst,
+        })
+    }
+
+    fn run(&mut self, base: usize) -> Result<Value, VmError> {
+        let program = self.program;
+        loop {
+            let depth = self.frames.len();
+            let frame = self.frames.last_mut().expect("a frame is running");
+            let code = program.code(frame.code);
+            if frame.pc == code.instrs.len() {
+                let value = read(frame, code, code.ret);
+                let ret_dst = frame.ret_dst;
+                self.frames.pop();
+                if self.frames.len() == base {
+                    return Ok(value);
+                }
+                let caller = self.frames.last_mut().expect("caller frame");
+                caller.slots[ret_dst.expect("nested frames have a destination") as usize] =
+                    Some(value);
+                continue;
+            }
+            let instr = &code.instrs[frame.pc];
+            frame.pc += 1;
+            match instr {
+                Instr::Prim {
+                    dst,
+                    kernel,
+                    args,
+                    loc,
+                    ..
+                } => {
+                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
+                    let dst = *dst;
+                    let loc = *loc;
+                    match kernel(self, &values) {
+                        Ok(v) => {
+                            let frame = self.frames.last_mut().expect("frame");
+                            frame.slots[dst as usize] = Some(v);
+                        }
+                        Err(e) => {
+                            return Err(self.pending.take().unwrap_or(VmError {
+                                message: e.to_string(),
+                                loc: Some(loc),
+                            }))
+                        }
+                    }
+                }
+                Instr::Switch {
+                    dst,
+                    cond,
+                    a,
+                    b,
+                    loc,
+                } => {
+                    let c = read(frame, code, *cond);
+                    let take = match c.as_tensor().and_then(|t| t.to_bool_scalar()) {
+                        Some(v) => v,
+                        None => {
+                            return Err(VmError {
+                                message: format!(
+                                    "a condition must be a bool scalar, got {}",
+                                    c.kind()
+                                ),
+                                loc: Some(*loc),
+                            })
+                        }
+                    };
+                    let v = read(frame, code, if take { *a } else { *b });
+                    frame.slots[*dst as usize] = Some(v);
+                }
+                Instr::MakeClosure {
+                    dst,
+                    code: target,
+                    captures,
+                } => {
+                    let captures = captures.iter().map(|a| read(frame, code, *a)).collect();
+                    frame.slots[*dst as usize] = Some(Value::Func(Arc::new(Closure {
+                        code: *target,
+                        captures,
+                    })));
+                }
+                Instr::Call {
+                    dst,
+                    callee,
+                    args,
+                    loc,
+                } => {
+                    let f = read(frame, code, *callee);
+                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
+                    let (dst, loc) = (*dst, *loc);
+                    if depth >= self.limits.max_depth {
+                        return Err(VmError {
+                            message: format!(
+                                "recursion too deep: more than {} nested calls",
+                                self.limits.max_depth
+                            ),
+                            loc: Some(loc),
+                        });
+                    }
+                    self.push_frame(&f, values, Some(dst), Some(loc))?;
+                }
+                Instr::TailCall { callee, args, loc } => {
+                    let f = read(frame, code, *callee);
+                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
+                    let ret_dst = frame.ret_dst;
+                    let new = self.make_frame(&f, values, ret_dst, Some(*loc))?;
+                    *self.frames.last_mut().expect("frame") = new;
+                }
+            }
+        }
+    }
+}
+
+fn read(frame: &Frame, code: &Code, op: Operand) -> Value {
+    match op {
+        Operand::Slot(s) => frame.slots[s as usize]
+            .clone()
+            .expect("the compiler orders instructions after their operands"),
+        Operand::Const(c) => code.consts[c as usize].clone(),
+    }
+}
+
+fn display_name(name: &str) -> &str {
+    name
+}
+
+impl Ctx for Vm<'_> {
+    fn call(&mut self, f: &Value, args: &[Value]) -> Result<Value, RtError> {
+        match Vm::call(self, f, args.to_vec()) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let msg = e.message.clone();
+                self.pending = Some(e);
+                Err(RtError::new(msg))
+            }
+        }
+    }
+    fn stdout(&mut self) -> &mut dyn Write {
+        self.out
+    }
+}

@@ -1,0 +1,177 @@
+//! Adjoint: a source-to-source automatic differentiation compiler.
+//!
+//! This crate is the front door: the [`Session`] API that the `adjoint`
+//! command (and programs embedding the compiler) use to load, check, print
+//! and run Adjoint programs.
+
+use std::path::{Path, PathBuf};
+
+use adjoint_compiler::ir::print::print_module;
+use adjoint_compiler::lower::SourceLoader;
+use adjoint_compiler::pipeline::Program;
+use adjoint_lang::{render, Diagnostic, SourceMap};
+
+pub use adjoint_runtime::value::Value;
+
+/// How programs run: one primitive at a time (eager) or compiled (graph).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Eager,
+    Graph,
+}
+
+/// Errors carry their diagnostics and the sources they point into.
+#[derive(Debug)]
+pub struct SessionError {
+    pub diagnostics: Vec<Diagnostic>,
+    sources: SourceMap,
+}
+
+impl SessionError {
+    /// The diagnostics rendered with source excerpts (`file:line:col`).
+    pub fn render(&self, color: bool) -> String {
+        render(&self.diagnostics, &self.sources, color)
+    }
+    fn io(path: &Path, e: std::io::Error) -> SessionError {
+        let mut sources = SourceMap::new();
+        let file = sources.add_file(path.display().to_string(), "");
+        let reason = match e.kind() {
+            std::io::ErrorKind::NotFound => "no such file or directory".to_string(),
+            std::io::ErrorKind::InvalidData => "the file is not valid UTF-8".to_string(),
+            _ => e.to_string().to_lowercase(),
+        };
+        SessionError {
+            diagnostics: vec![Diagnostic::error(
+                format!("cannot read \"{}\": {reason}", path.display()),
+                adjoint_lang::Span::point(file, 0),
+            )],
+            sources,
+        }
+    }
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render(false))
+    }
+}
+
+impl std::error::Error for SessionError {}
+
+struct FsLoader;
+
+impl SourceLoader for FsLoader {
+    fn load(&self, path: &Path) -> std::io::Result<String> {
+        std::fs::read_to_string(path)
+    }
+}
+
+/// A compiler session holding one loaded program.
+pub struct Session {
+    mode: Mode,
+    sources: SourceMap,
+    program: Option<Program>,
+    path: Option<PathBuf>,
+}
+
+impl Session {
+    pub fn new(mode: Mode) -> Session {
+        Session {
+            mode,
+            sources: SourceMap::new(),
+            program: None,
+            path: None,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Loads, parses and lowers a program from a file.
+    pub fn load_file(mut self, path: &Path) -> Result<Session, SessionError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SessionError::io(path, e))?;
+        self.path = Some(path.to_path_buf());
+        self.load_named(path.display().to_string(), text, Some(path))
+    }
+
+    /// Loads a program from source text; `name` is shown in diagnostics.
+    pub fn load_source(self, name: &str, text: &str) -> Result<Session, SessionError> {
+        self.load_named(name.to_string(), text.to_string(), None)
+    }
+
+    fn load_named(
+        mut self,
+        name: String,
+        text: String,
+        path: Option<&Path>,
+    ) -> Result<Session, SessionError> {
+        let root = self.sources.add_file(name, text);
+        match Program::load(&mut self.sources, root, path, &FsLoader) {
+            Ok(p) => {
+                self.program = Some(p);
+                Ok(self)
+            }
+            Err(diagnostics) => Err(self.error(diagnostics)),
+        }
+    }
+
+    fn error(&self, diagnostics: Vec<Diagnostic>) -> SessionError {
+        SessionError {
+            diagnostics,
+            sources: self.sources.clone(),
+        }
+    }
+
+    fn program(&self) -> &Program {
+        self.program.as_ref().expect("a program is loaded")
+    }
+
+    /// Type-checks the program (its `main`, if any).
+    pub fn check(&self) -> Result<(), SessionError> {
+        self.program().check().map_err(|d| self.error(d))
+    }
+
+    /// Runs `main`, writing what it prints to `out`.
+    pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<(), SessionError> {
+        self.program()
+            .run_main(out)
+            .map(|_| ())
+            .map_err(|d| self.error(d))
+    }
+
+    /// The graph IR of one function (with everything it refers to), or of
+    /// every function of the file.
+    pub fn emit_ir(&self, function: Option<&str>) -> Result<String, SessionError> {
+        let p = self.program();
+        let roots: Vec<_> = match function {
+            Some(f) => match p.function(f) {
+                Some(g) => vec![g],
+                None => {
+                    let span = adjoint_lang::Span::point(p.root, 0);
+                    return Err(self.error(vec![Diagnostic::error(
+                        format!("this program has no function `{f}`"),
+                        span,
+                    )]));
+                }
+            },
+            None => p.lowered.functions.iter().map(|(_, g)| *g).collect(),
+        };
+        Ok(print_module(&p.lowered.module, &roots, None))
+    }
+
+    /// The syntax tree of a file, as an S-expression dump.
+    pub fn emit_ast(path: &Path) -> Result<String, SessionError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SessionError::io(path, e))?;
+        let mut sources = SourceMap::new();
+        let file = sources.add_file(path.display().to_string(), text.clone());
+        let (module, diags) = adjoint_lang::parse(file, &text);
+        if diags.iter().any(|d| d.is_error()) {
+            return Err(SessionError {
+                diagnostics: diags,
+                sources,
+            });
+        }
+        Ok(adjoint_lang::dump(&module, &sources))
+    }
+}

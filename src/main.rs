@@ -1,0 +1,123 @@
+//! The `adjoint` command.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use adjoint::{Mode, Session, SessionError};
+
+#[derive(Parser)]
+#[command(name = "adjoint", version, about = "Adjoint: a differentiable programming language and compiler")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Copy, Clone, ValueEnum)]
+enum ModeArg {
+    Eager,
+    Graph,
+}
+
+#[derive(Copy, Clone, ValueEnum, PartialEq)]
+enum Stage {
+    Ast,
+    Ir,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the program's `main` function.
+    Run {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "eager")]
+        mode: ModeArg,
+    },
+    /// Parse, lower and type-check a program without running it.
+    Check { file: PathBuf },
+    /// Print one stage of the compiler's work on a program.
+    Emit {
+        file: PathBuf,
+        #[arg(long, value_enum)]
+        stage: Stage,
+        /// Function to show (default: every function of the file).
+        #[arg(long = "fn")]
+        function: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    // A panic is a compiler bug: report it in one line, without a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("error: internal compiler error: {msg}{at}\nplease report this as a bug");
+    }));
+    let cli = Cli::parse();
+    // Compilation recurses over nested programs; give it a deep stack.
+    let handle = std::thread::Builder::new()
+        .stack_size(1 << 30)
+        .spawn(move || run(cli))
+        .expect("spawn the compiler thread");
+    match handle.join() {
+        Ok(code) => code,
+        Err(_) => ExitCode::from(101),
+    }
+}
+
+fn run(cli: Cli) -> ExitCode {
+    let color = std::io::stderr().is_terminal();
+    let result = match cli.command {
+        Command::Run { file, mode } => {
+            let mode = match mode {
+                ModeArg::Eager => Mode::Eager,
+                ModeArg::Graph => Mode::Graph,
+            };
+            run_file(&file, mode)
+        }
+        Command::Check { file } => Session::new(Mode::Eager)
+            .load_file(&file)
+            .and_then(|s| s.check()),
+        Command::Emit {
+            file,
+            stage,
+            function,
+        } => emit(&file, stage, function.as_deref()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            eprint!("{}", e.render(color));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_file(file: &std::path::Path, mode: Mode) -> Result<(), SessionError> {
+    let session = Session::new(mode).load_file(file)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    session.run_main(&mut out)
+}
+
+fn emit(file: &std::path::Path, stage: Stage, function: Option<&str>) -> Result<(), SessionError> {
+    let text = match stage {
+        Stage::Ast => Session::emit_ast(file)?,
+        Stage::Ir => Session::new(Mode::Eager)
+            .load_file(file)?
+            .emit_ir(function)?,
+    };
+    print!("{text}");
+    Ok(())
+}
