@@ -134,6 +134,13 @@ impl Session {
 
     /// Runs `main`, writing what it prints to `out`.
     pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<(), SessionError> {
+        if self.mode == Mode::Graph {
+            let span = adjoint_lang::Span::point(self.program().root, 0);
+            return Err(self.error(vec![Diagnostic::error(
+                "graph mode is not available yet; run with `--mode eager` (the default)",
+                span,
+            )]));
+        }
         self.program()
             .run_main(out)
             .map(|_| ())

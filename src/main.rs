@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use adjoint::{Mode, Session, SessionError};
 
 #[derive(Parser)]
-#[command(name = "adjoint", version, about = "Adjoint: a differentiable programming language and compiler")]
+#[command(
+    name = "adjoint",
+    version,
+    about = "Adjoint: a differentiable programming language and compiler"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

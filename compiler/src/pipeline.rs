@@ -30,7 +30,10 @@ impl Program {
         if let Err(errors) = crate::ir::verify::verify(&lowered.module) {
             let span = Span::point(root, 0);
             return Err(vec![Diagnostic::error(
-                format!("internal error: lowering produced invalid IR: {}", errors.join("; ")),
+                format!(
+                    "internal error: lowering produced invalid IR: {}",
+                    errors.join("; ")
+                ),
                 span,
             )]);
         }
@@ -64,9 +67,13 @@ impl Program {
             }
             args.push(AbsVal::Io);
         }
-        match infer_module(m, entry, &args) {
-            Ok(_) => Ok(()),
-            Err(e) => Err(vec![infer_diagnostic(&e, self.root)]),
+        let types =
+            infer_module(m, entry, &args).map_err(|e| vec![infer_diagnostic(&e, self.root)])?;
+        let failed = crate::checks::run(&self.lowered.checks, m, &types);
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed)
         }
     }
 

@@ -237,3 +237,23 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+
+    /// Every primitive the VM does not implement itself has a reference
+    /// kernel under its name: a missing one is caught here, not at run time.
+    #[test]
+    fn every_primitive_has_a_kernel() {
+        let missing: Vec<_> = Prim::ALL
+            .iter()
+            .filter(|p| **p != Prim::Switch)
+            .filter(|p| adjoint_runtime::kernels::lookup(p.name()).is_none())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "primitives without kernels: {missing:?}"
+        );
+    }
+}

@@ -515,7 +515,9 @@ fn kind_depth(kind: &ExprKind) -> u32 {
         ExprKind::Record(fs) => max_depth(fs.iter().map(|f| &f.value)),
         ExprKind::Unary { operand, .. } => operand.depth,
         ExprKind::Binary { lhs, rhs, .. } => lhs.depth.max(rhs.depth),
-        ExprKind::Call { callee, args } => callee.depth.max(max_depth(args.iter().map(|a| &a.value))),
+        ExprKind::Call { callee, args } => {
+            callee.depth.max(max_depth(args.iter().map(|a| &a.value)))
+        }
         ExprKind::Index { base, indices } => {
             let mut d = base.depth;
             for c in indices {
@@ -627,27 +629,4 @@ pub enum ForIter {
     },
     /// `for x in t`: the elements of a tuple.
     Expr(Expr),
-}
-
-#[cfg(test)]
-mod size_tests {
-    use super::*;
-    #[test]
-    fn sizes() {
-        eprintln!(
-            "Expr {} ExprKind {} Stmt {} StmtKind {} Block {} FnDef {} Pattern {} TypeExpr {} Param {} Item {} Ident {}",
-            std::mem::size_of::<Expr>(),
-            std::mem::size_of::<ExprKind>(),
-            std::mem::size_of::<Stmt>(),
-            std::mem::size_of::<StmtKind>(),
-            std::mem::size_of::<Block>(),
-            std::mem::size_of::<FnDef>(),
-            std::mem::size_of::<Pattern>(),
-            std::mem::size_of::<TypeExpr>(),
-            std::mem::size_of::<Param>(),
-            std::mem::size_of::<Item>(),
-            std::mem::size_of::<Ident>(),
-        );
-        eprintln!("Tok {}", std::mem::size_of::<crate::lexer::Tok>());
-    }
 }

@@ -298,7 +298,7 @@ mod tests {
         for lo in 0..10 {
             for hi in 0..10 {
                 let d = Diagnostic::error("m", Span::new(f, lo, hi));
-                let _ = render(&[d.clone()], &sm, false);
+                let _ = render(std::slice::from_ref(&d), &sm, false);
                 let _ = render_short(&d, &sm);
             }
         }

@@ -1,6 +1,6 @@
 //! The lexer: source text → tokens with byte spans.
 //!
-//! The heavy lifting is a [logos] automaton over [`RawTok`]; a thin wrapper
+//! The heavy lifting is a [logos] automaton over a raw token enum; a thin wrapper
 //! ([`lex`]) then applies the rules that need context:
 //!
 //! - **tuple indices**: after an identifier, `)`, `]` or a tuple index, a `.`
@@ -740,7 +740,10 @@ mod tests {
         // not after a number or an operator
         assert_eq!(toks("x + .5"), vec![Ident("x"), Plus, Float(".5")]);
         assert_eq!(toks("(.5)"), vec![LParen, Float(".5"), RParen]);
-        assert_eq!(toks("t.w.0"), vec![Ident("t"), Dot, Ident("w"), Dot, Int(0)]);
+        assert_eq!(
+            toks("t.w.0"),
+            vec![Ident("t"), Dot, Ident("w"), Dot, Int(0)]
+        );
     }
 
     #[test]

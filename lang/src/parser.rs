@@ -1,6 +1,9 @@
 //! The parser driver: lexing, the nesting check, the LALRPOP parser, and
 //! turning parse errors into readable diagnostics.
 
+use std::cell::Cell;
+use std::rc::Rc;
+
 use lalrpop_util::{ErrorRecovery, ParseError};
 
 use crate::ast::*;
@@ -25,8 +28,7 @@ const CASCADE_GAP: usize = 3;
 pub const MAX_SYNTAX_ERRORS: usize = 50;
 
 /// One parsed statement slot of a block (grammar-internal).
-#[doc(hidden)]
-pub enum ParsedStmt {
+pub(crate) enum ParsedStmt {
     /// A statement.
     Stmt(Stmt),
     /// An empty statement `;` (it may end a preceding `if`/block statement).
@@ -38,8 +40,7 @@ pub enum ParsedStmt {
 type Recovery<'input> = ErrorRecovery<usize, Tok<'input>, ()>;
 
 /// Parsing state shared with the grammar actions.
-#[doc(hidden)]
-pub struct Cx<'input> {
+pub(crate) struct Cx<'input> {
     file: FileId,
     /// Errors recovered by the LR parser (`!` in the grammar).
     pub errors: Vec<Recovery<'input>>,
@@ -47,6 +48,8 @@ pub struct Cx<'input> {
     /// assignment targets, too-deep expressions, …).
     pub diags: Vec<Diagnostic>,
     deep_reported: bool,
+    /// Counts grammar actions; the token feed watches it (see [`Feed`]).
+    progress: Rc<Cell<u64>>,
 }
 
 impl<'input> Cx<'input> {
@@ -56,11 +59,14 @@ impl<'input> Cx<'input> {
             errors: Vec::new(),
             diags: Vec::new(),
             deep_reported: false,
+            progress: Rc::new(Cell::new(0)),
         }
     }
 
     /// The span `lo..hi` in the current file.
     pub fn sp(&self, lo: usize, hi: usize) -> Span {
+        // nearly every grammar action builds a span: count them as progress
+        self.progress.set(self.progress.get() + 1);
         Span::new(self.file, lo as u32, hi.max(lo) as u32)
     }
 
@@ -112,12 +118,9 @@ impl<'input> Cx<'input> {
 
     /// Reports `a < b < c`.
     pub fn chained_comparison(&mut self, lhs: &Expr, op: BinOp, ol: usize, oh: usize) {
-        let mut d = Diagnostic::error(
-            "comparison operators cannot be chained",
-            self.sp(ol, oh),
-        )
-        .with_label(format!("`{}` after another comparison", op.symbol()))
-        .with_note("use `&&`, as in `a < b && b < c`, or add parentheses");
+        let mut d = Diagnostic::error("comparison operators cannot be chained", self.sp(ol, oh))
+            .with_label(format!("`{}` after another comparison", op.symbol()))
+            .with_note("use `&&`, as in `a < b && b < c`, or add parentheses");
         if let ExprKind::Binary { op_span, .. } = &*lhs.kind {
             d = d.with_secondary(*op_span, "the first comparison");
         }
@@ -372,7 +375,7 @@ fn to_lvalue(e: &Expr) -> Option<Pattern> {
 /// ```
 pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diagnostic>) {
     let (m, diags) = run(file, src, |cx, tokens| {
-        grammar::ModuleParser::new().parse(cx, tokens.iter().cloned())
+        grammar::ModuleParser::new().parse(cx, tokens)
     });
     (m.unwrap_or_default(), diags)
 }
@@ -389,7 +392,7 @@ pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diagnostic>) {
 /// ```
 pub fn parse_expr(file: FileId, src: &str) -> (Option<Expr>, Vec<Diagnostic>) {
     run(file, src, |cx, tokens| {
-        grammar::ExprParser::new().parse(cx, tokens.iter().cloned())
+        grammar::ExprParser::new().parse(cx, tokens)
     })
 }
 
@@ -400,7 +403,7 @@ type RunResult<'input, T> = Result<T, ParseError<usize, Tok<'input>, ()>>;
 fn run<'input, T>(
     file: FileId,
     src: &'input str,
-    f: impl FnOnce(&mut Cx<'input>, &[Spanned<'input>]) -> RunResult<'input, T>,
+    f: impl FnOnce(&mut Cx<'input>, Feed<'_, 'input>) -> RunResult<'input, T>,
 ) -> (Option<T>, Vec<Diagnostic>) {
     if src.len() >= u32::MAX as usize {
         let d = Diagnostic::error("file too large", Span::point(file, 0))
@@ -416,7 +419,15 @@ fn run<'input, T>(
     }
 
     let mut cx = Cx::new(file);
-    let result = match f(&mut cx, &tokens) {
+    let stalled = Rc::new(Cell::new(None));
+    let feed = Feed {
+        tokens: tokens.iter(),
+        progress: cx.progress.clone(),
+        last_progress: 0,
+        since: 0,
+        stalled: stalled.clone(),
+    };
+    let result = match f(&mut cx, feed) {
         Ok(m) => Some(m),
         Err(error) => {
             cx.errors.push(ErrorRecovery {
@@ -433,6 +444,9 @@ fn run<'input, T>(
     let mut last_tok: Option<usize> = None;
     let mut suppressed = 0usize;
     for rec in &cx.errors {
+        if stalled.get().is_some() && matches!(rec.error, ParseError::UnrecognizedEof { .. }) {
+            continue;
+        }
         let at = match &rec.error {
             ParseError::UnrecognizedToken { token, .. } | ParseError::ExtraToken { token } => {
                 token_at(&tokens, token.0)
@@ -446,7 +460,10 @@ fn run<'input, T>(
         // Panic-mode recovery can stumble again right after an error; an
         // error less than CASCADE_GAP tokens after the previous one is taken
         // as a knock-on effect and not reported.
-        let cascade = last_tok.is_some_and(|prev| at < prev + CASCADE_GAP);
+        // (Running into the end of the file is always worth saying: it
+        // points at the bracket left open.)
+        let at_eof = matches!(rec.error, ParseError::UnrecognizedEof { .. });
+        let cascade = !at_eof && last_tok.is_some_and(|prev| at < prev + CASCADE_GAP);
         last_tok = Some(end);
         if cascade {
             continue;
@@ -462,6 +479,15 @@ fn run<'input, T>(
     }
     diags.extend(syntax);
     diags.extend(cx.diags);
+    if let Some((lo, hi)) = stalled.get() {
+        diags.push(
+            Diagnostic::error("the parser gave up here", Span::new(file, lo as u32, hi as u32))
+                .with_label("no progress for too long")
+                .with_note(format!(
+                    "the parser read {STALL_LIMIT} tokens without completing any part of the program; the rest of the file was not parsed",
+                )),
+        );
+    }
     diags.sort_by_key(|d| (d.primary.span.lo, d.primary.span.hi));
     if suppressed > 0 {
         let end = src.len() as u32;
@@ -471,6 +497,47 @@ fn run<'input, T>(
         ));
     }
     (result, diags)
+}
+
+/// See [`Feed`].
+const STALL_LIMIT: usize = 2000;
+
+/// The token stream handed to the LR parser.
+///
+/// LALRPOP's error recovery drops tokens one at a time and rescans the
+/// whole parse stack for each; with a deep stack (a long chain of prefix
+/// operators) and a long run of unusable tokens that is quadratic. The feed
+/// therefore ends the input early once [`STALL_LIMIT`] tokens have gone by
+/// without any grammar action running. A valid program never gets near
+/// that: bracket nesting and expression depth are limited far below it.
+pub(crate) struct Feed<'a, 'input> {
+    tokens: std::slice::Iter<'a, Spanned<'input>>,
+    progress: Rc<Cell<u64>>,
+    last_progress: u64,
+    since: usize,
+    stalled: Rc<Cell<Option<(usize, usize)>>>,
+}
+
+impl<'input> Iterator for Feed<'_, 'input> {
+    type Item = Spanned<'input>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.stalled.get().is_some() {
+            return None;
+        }
+        let p = self.progress.get();
+        if p != self.last_progress {
+            self.last_progress = p;
+            self.since = 0;
+        }
+        let t = self.tokens.next()?;
+        self.since += 1;
+        if self.since > STALL_LIMIT {
+            self.stalled.set(Some((t.0, t.2)));
+            return None;
+        }
+        Some(t.clone())
+    }
 }
 
 /// Rejects bracket nesting deeper than [`MAX_NESTING`].
@@ -528,8 +595,8 @@ const STMT_START: &[&str] = &[
 /// assignment operators).
 const AFTER_OPERAND: &[&str] = &[
     "\"+\"", "\"-\"", "\"*\"", "\"/\"", "\"%\"", "\"@\"", "\"**\"", "\"==\"", "\"!=\"", "\"<\"",
-    "\"<=\"", "\">\"", "\">=\"", "\"&&\"", "\"||\"", "\".\"", "\"(\"", "\"[\"", "\"..\"",
-    "\"=\"", "\"+=\"", "\"-=\"", "\"*=\"", "\"/=\"",
+    "\"<=\"", "\">\"", "\">=\"", "\"&&\"", "\"||\"", "\".\"", "\"(\"", "\"[\"", "\"..\"", "\"=\"",
+    "\"+=\"", "\"-=\"", "\"*=\"", "\"/=\"",
 ];
 
 /// Describes one terminal name from the grammar.
@@ -660,10 +727,14 @@ fn syntax_error(
         ParseError::UnrecognizedEof { location, expected } => {
             let what = join_or(&describe_expected(expected));
             let at = (*location).min(src.len());
-            let mut d = Diagnostic::error(format!("expected {what}, found end of file"), sp(at, at))
-                .with_label(format!("expected {what}"));
+            let mut d =
+                Diagnostic::error(format!("expected {what}, found end of file"), sp(at, at))
+                    .with_label(format!("expected {what}"));
             if let Some((olo, otok, ohi)) = innermost_unclosed(tokens) {
-                d = d.with_secondary(sp(olo, ohi), format!("this `{}` is not closed", otok.text()));
+                d = d.with_secondary(
+                    sp(olo, ohi),
+                    format!("this `{}` is not closed", otok.text()),
+                );
             }
             Some(d)
         }

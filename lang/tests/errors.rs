@@ -44,7 +44,10 @@ fn k() { let a = 1;
     );
     // the good item after the errors survives
     let (m, _, _) = check(src);
-    assert!(m.items.iter().any(|i| matches!(i, Item::Fn(f) if f.name.name == "ok")));
+    assert!(m
+        .items
+        .iter()
+        .any(|i| matches!(i, Item::Fn(f) if f.name.name == "ok")));
 }
 
 #[test]
@@ -52,7 +55,10 @@ fn errors_in_separate_functions_are_all_reported() {
     let src = "fn a() { 1 + }\nfn b() { let = 2; }\nfn c() { f(,) }\nfn d() = 4\n";
     let (m, d, sm) = check(src);
     assert_eq!(d.len(), 3, "{}", render(&d, &sm, false));
-    assert!(m.items.iter().any(|i| matches!(i, Item::Fn(f) if f.name.name == "d")));
+    assert!(m
+        .items
+        .iter()
+        .any(|i| matches!(i, Item::Fn(f) if f.name.name == "d")));
 }
 
 #[test]
@@ -166,7 +172,10 @@ fn empty_index_and_big_tuple_index() {
 #[test]
 fn missing_semicolon_for_local_expression_fn() {
     let d = short("fn f() { fn g(x) = x * 2\n let y = 1; y }");
-    assert_eq!(d, vec!["bad.adj:1:24: error: expected `;` after this statement"]);
+    assert_eq!(
+        d,
+        vec!["bad.adj:1:24: error: expected `;` after this statement"]
+    );
 }
 
 #[test]

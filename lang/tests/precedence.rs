@@ -62,7 +62,10 @@ fn logic_and_comparison_levels() {
     assert_eq!(e("a < b && c >= d"), "(&& (< a b) (>= c d))");
     assert_eq!(e("a + 1 == b * 2"), "(== (+ a 1) (* b 2))");
     assert_eq!(e("!a && !b"), "(&& (not a) (not b))");
-    assert_eq!(e("-x ** 2 == -(x ** 2)"), "(== (neg (** x 2)) (neg (** x 2)))");
+    assert_eq!(
+        e("-x ** 2 == -(x ** 2)"),
+        "(== (neg (** x 2)) (neg (** x 2)))"
+    );
     assert_eq!(e("2 ** 3 ** 2 == 512"), "(== (** 2 (** 3 2)) 512)");
     assert_eq!(e("(a < b) < c"), "(< (< a b) c)");
 }
@@ -81,7 +84,10 @@ fn comparisons_do_not_chain() {
 #[test]
 fn range_binds_loosest() {
     let m = {
-        let (m, d) = parse(FileId(0), "fn f() { for i in 1..p + 1 { } for j in a * 2..b - 1 { } }");
+        let (m, d) = parse(
+            FileId(0),
+            "fn f() { for i in 1..p + 1 { } for j in a * 2..b - 1 { } }",
+        );
         assert!(d.is_empty(), "{d:?}");
         m
     };
@@ -93,7 +99,10 @@ fn range_binds_loosest() {
 
 #[test]
 fn range_only_where_allowed() {
-    assert_eq!(errs("fn f() = g(0..2)"), vec!["a range is not allowed here"]);
+    assert_eq!(
+        errs("fn f() = g(0..2)"),
+        vec!["a range is not allowed here"]
+    );
     assert!(!errs("fn f() { let r = 0..2; }").is_empty());
     assert!(!errs("fn f() = 0..2").is_empty());
 }
@@ -127,13 +136,23 @@ fn range_lexing() {
         .into_iter()
         .map(|t| t.1)
         .collect();
-    assert_eq!(toks, vec![lexer::Tok::Int(1), lexer::Tok::DotDot, lexer::Tok::Int(2)]);
+    assert_eq!(
+        toks,
+        vec![lexer::Tok::Int(1), lexer::Tok::DotDot, lexer::Tok::Int(2)]
+    );
     let toks: Vec<_> = lexer::lex(FileId(0), "0..n")
         .tokens
         .into_iter()
         .map(|t| t.1)
         .collect();
-    assert_eq!(toks, vec![lexer::Tok::Int(0), lexer::Tok::DotDot, lexer::Tok::Ident("n")]);
+    assert_eq!(
+        toks,
+        vec![
+            lexer::Tok::Int(0),
+            lexer::Tok::DotDot,
+            lexer::Tok::Ident("n")
+        ]
+    );
 }
 
 #[test]

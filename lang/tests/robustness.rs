@@ -93,7 +93,10 @@ fn every_truncated_prefix() {
             }
         }
         if depth > 0 {
-            assert!(!d.is_empty(), "no diagnostic for prefix ending at {end}: {prefix:?}");
+            assert!(
+                !d.is_empty(),
+                "no diagnostic for prefix ending at {end}: {prefix:?}"
+            );
         }
     }
 }
@@ -187,9 +190,11 @@ fn long_operator_chains_are_capped() {
     for src in cases {
         let start = Instant::now();
         let (n, d, _) = parse_small_stack(src.clone());
-        assert_eq!(n, 1, "{}", &src[..40]);
+        assert!(n <= 1, "{}", &src[..40]);
         assert!(
-            d.iter().any(|d| d.message == "expression is nested too deeply"),
+            d.iter()
+                .any(|d| d.message == "expression is nested too deeply"
+                    || d.message == "the parser gave up here"),
             "{}: {d:?}",
             &src[..40]
         );
@@ -219,7 +224,9 @@ fn many_statements_and_lines() {
     assert!(took < Duration::from_secs(limit), "took {took:?}");
 
     // 10^5 small items
-    let src: String = (0..100_000).map(|i| format!("fn f{i}(x) = x + {i}\n")).collect();
+    let src: String = (0..100_000)
+        .map(|i| format!("fn f{i}(x) = x + {i}\n"))
+        .collect();
     let start = Instant::now();
     let (m, d) = parse(FileId(0), &src);
     assert!(d.is_empty());
@@ -235,11 +242,31 @@ fn many_errors_do_not_blow_up() {
     let (_, d) = parse(FileId(0), &src);
     assert!(d.len() <= parser::MAX_SYNTAX_ERRORS + 1);
     assert!(start.elapsed() < Duration::from_secs(20));
-    // garbage after a deep unreduced chain
-    let src = format!("fn f() = {}{}", "- ".repeat(20_000), ") ".repeat(20_000));
-    let start = Instant::now();
-    let _ = parse_small_stack(src);
-    assert!(start.elapsed() < Duration::from_secs(30), "{:?}", start.elapsed());
+    // Garbage after a deep unreduced chain: error recovery rescans the
+    // parse stack for every dropped token, so this would be quadratic if
+    // the parser did not give up.
+    for src in [
+        format!("fn f() = {}{}", "- ".repeat(100_000), ") ".repeat(100_000)),
+        format!(
+            "fn f() = {}a{}",
+            "a ** ".repeat(50_000),
+            ") ".repeat(100_000)
+        ),
+        format!(
+            "fn f() = {}a{}",
+            "|x| ".repeat(50_000),
+            "] ".repeat(100_000)
+        ),
+    ] {
+        let start = Instant::now();
+        let (_, d, _) = parse_small_stack(src);
+        assert!(!d.is_empty());
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            start.elapsed()
+        );
+    }
 }
 
 #[test]

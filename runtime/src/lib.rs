@@ -14,6 +14,35 @@
 //!   ([`kernels::lookup`]);
 //! - [`value`]: run-time values; [`error`]: [`RtError`];
 //! - [`vm`]: the virtual machine.
+//!
+//! Calling a kernel directly:
+//!
+//! ```
+//! use adjoint_runtime::{lookup, Ctx, RtError, Tensor, Value};
+//!
+//! struct Out(Vec<u8>);
+//! impl Ctx for Out {
+//!     fn call(&mut self, _: &Value, _: &[Value]) -> Result<Value, RtError> {
+//!         Err(RtError::new("no functions here"))
+//!     }
+//!     fn stdout(&mut self) -> &mut dyn std::io::Write {
+//!         &mut self.0
+//!     }
+//! }
+//!
+//! let x = Value::from(Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2])?);
+//! let two = Value::from(Tensor::weak_i64(2)); // a weakly typed literal adopts f32
+//! let mul = lookup("mul").expect("a kernel");
+//! let y = mul(&mut Out(Vec::new()), &[x, two])?;
+//! assert_eq!(y.to_string(), "[[2.0, 4.0], [6.0, 8.0]]");
+//!
+//! let bad = mul(&mut Out(Vec::new()), &[y, Value::from(Tensor::vector(vec![1.0f64; 3]))]);
+//! assert_eq!(
+//!     bad.unwrap_err().message,
+//!     "mul: shapes f32[2, 2] and f64[3] cannot be broadcast"
+//! );
+//! # Ok::<(), RtError>(())
+//! ```
 
 pub mod dtype;
 pub mod error;

@@ -66,11 +66,19 @@ pub enum Instr {
 impl std::fmt::Debug for Instr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Instr::Prim { dst, name, args, .. } => write!(f, "s{dst} = {name}{args:?}"),
-            Instr::Switch { dst, cond, a, b, .. } => {
+            Instr::Prim {
+                dst, name, args, ..
+            } => write!(f, "s{dst} = {name}{args:?}"),
+            Instr::Switch {
+                dst, cond, a, b, ..
+            } => {
                 write!(f, "s{dst} = switch({cond:?}, {a:?}, {b:?})")
             }
-            Instr::MakeClosure { dst, code, captures } => {
+            Instr::MakeClosure {
+                dst,
+                code,
+                captures,
+            } => {
                 write!(f, "s{dst} = closure({}, {captures:?})", code.0)
             }
             Instr::Call {

@@ -118,6 +118,10 @@ pub enum AbsVal {
     DType(DType),
     /// The IO state token.
     Io,
+    /// A value whose type is known only at run time: data read from a file
+    /// whose type the compiler was not given. Operations on it are checked
+    /// when they run; it joins with anything to itself.
+    Unknown,
     /// Not known yet: the provisional result of a recursive call. Joins as
     /// the identity.
     Bottom,
@@ -219,12 +223,9 @@ impl AbsVal {
                 ..t.clone()
             }),
             AbsVal::Tuple(items) => AbsVal::Tuple(items.iter().map(AbsVal::widen).collect()),
-            AbsVal::Record(fields) => AbsVal::Record(
-                fields
-                    .iter()
-                    .map(|(n, v)| (n.clone(), v.widen()))
-                    .collect(),
-            ),
+            AbsVal::Record(fields) => {
+                AbsVal::Record(fields.iter().map(|(n, v)| (n.clone(), v.widen())).collect())
+            }
             AbsVal::Func(cs) => AbsVal::Func(
                 cs.iter()
                     .map(|c| match c {
@@ -236,7 +237,9 @@ impl AbsVal {
                     })
                     .collect(),
             ),
-            AbsVal::Str(_) | AbsVal::DType(_) | AbsVal::Io | AbsVal::Bottom => self.clone(),
+            AbsVal::Str(_) | AbsVal::DType(_) | AbsVal::Io | AbsVal::Unknown | AbsVal::Bottom => {
+                self.clone()
+            }
         }
     }
 }
@@ -252,6 +255,7 @@ pub fn join(a: &AbsVal, b: &AbsVal) -> Option<AbsVal> {
     }
     Some(match (a, b) {
         (AbsVal::Bottom, x) | (x, AbsVal::Bottom) => x.clone(),
+        (AbsVal::Unknown, _) | (_, AbsVal::Unknown) => AbsVal::Unknown,
         (AbsVal::Tensor(x), AbsVal::Tensor(y)) => {
             if x.shape != y.shape {
                 return None;
@@ -399,7 +403,8 @@ pub fn generalize_all(new: &[AbsVal], old: &[AbsVal]) -> Vec<AbsVal> {
 
 /// Types as messages and the IR printer show them: `f32[3, 4]`, `f32[]`,
 /// `(f32[], i64[])`, `{w: f32[4, 3], b: f32[3]}`, `fn`, `str`, `dtype`,
-/// `io`, and `never` for a value that is never produced.
+/// `io`, `?` for a value known only at run time, and `never` for a value
+/// that is never produced.
 impl fmt::Display for AbsVal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -431,6 +436,7 @@ impl fmt::Display for AbsVal {
             AbsVal::Func(_) => write!(f, "fn"),
             AbsVal::DType(_) => write!(f, "dtype"),
             AbsVal::Io => write!(f, "io"),
+            AbsVal::Unknown => write!(f, "?"),
             AbsVal::Bottom => write!(f, "never"),
         }
     }
@@ -453,7 +459,10 @@ mod tests {
             AbsVal::Tuple(vec![AbsVal::scalar(F32), AbsVal::int(3, true)]).to_string(),
             "(f32[], i64[])"
         );
-        assert_eq!(AbsVal::Tuple(vec![AbsVal::scalar(F32)]).to_string(), "(f32[],)");
+        assert_eq!(
+            AbsVal::Tuple(vec![AbsVal::scalar(F32)]).to_string(),
+            "(f32[],)"
+        );
         assert_eq!(
             AbsVal::Record(vec![
                 ("w".into(), AbsVal::tensor(F32, &[4, 3])),
@@ -462,7 +471,10 @@ mod tests {
             .to_string(),
             "{w: f32[4, 3], b: f32[3]}"
         );
-        assert_eq!(AbsVal::Func(vec![Closure::Prim(Prim::Add)]).to_string(), "fn");
+        assert_eq!(
+            AbsVal::Func(vec![Closure::Prim(Prim::Add)]).to_string(),
+            "fn"
+        );
         assert_eq!(AbsVal::Io.to_string(), "io");
     }
 
@@ -474,16 +486,26 @@ mod tests {
         assert_eq!(join(&a, &t(F64, &[3], false)), None);
         // a weak literal adopts the strong dtype
         assert_eq!(join(&t(F64, &[3], true), &a), Some(a.clone()));
-        assert_eq!(join(&t(I64, &[], true), &t(F64, &[], true)), Some(t(F64, &[], true)));
+        assert_eq!(
+            join(&t(I64, &[], true), &t(F64, &[], true)),
+            Some(t(F64, &[], true))
+        );
         assert_eq!(join(&t(I64, &[], false), &t(F64, &[], true)), None);
         // differing constants become unknown
-        assert_eq!(join(&AbsVal::int(1, true), &AbsVal::int(2, true)), Some(t(I64, &[], true)));
+        assert_eq!(
+            join(&AbsVal::int(1, true), &AbsVal::int(2, true)),
+            Some(t(I64, &[], true))
+        );
         assert_eq!(join(&AbsVal::Bottom, &a), Some(a.clone()));
+        assert_eq!(join(&AbsVal::Unknown, &a), Some(AbsVal::Unknown));
         let f = AbsVal::Func(vec![Closure::Prim(Prim::Add)]);
         let g = AbsVal::Func(vec![Closure::Prim(Prim::Mul)]);
         assert_eq!(
             join(&f, &g),
-            Some(AbsVal::Func(vec![Closure::Prim(Prim::Add), Closure::Prim(Prim::Mul)]))
+            Some(AbsVal::Func(vec![
+                Closure::Prim(Prim::Add),
+                Closure::Prim(Prim::Mul)
+            ]))
         );
     }
 

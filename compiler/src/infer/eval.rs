@@ -27,12 +27,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::rc::Rc;
 
-use super::domain::{generalize_all, join, AbsVal, Closure};
+use super::domain::{generalize_all, join, AbsTensor, AbsVal, Closure};
+use super::provenance;
 use super::rules::{self, Calls, RuleCtx, RuleError};
 use super::InferError;
 use crate::ir::analysis::{free_variables, graph_body_with, FreeVars};
 use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
 use crate::prim::Prim;
+use adjoint_runtime::tensor::DType;
 
 /// Specialisations of one graph in progress before varying constants of
 /// new calls are widened.
@@ -145,17 +147,12 @@ impl Types {
         acc
     }
 
-    /// The type of node `n` as text (`f32[3, 4]`), joined over the
-    /// specialisations of its graph; types that do not join are listed
-    /// (`f32[3] | f32[4]`). Constants other than graphs have their own
-    /// type. `None` for nodes never evaluated.
-    pub fn type_of(&self, m: &Module, n: NodeId) -> Option<String> {
-        if let Some(c) = m.as_const(n) {
-            return match c {
-                Const::Graph(_) | Const::Prim(_) => Some("fn".into()),
-                c => const_value(c).map(|v| v.to_string()),
-            };
-        }
+    /// The type of node `n` (a parameter or an application) as text
+    /// (`f32[3, 4]`), joined over the specialisations of its graph; types
+    /// that do not join are listed (`f32[3] | f32[4]`). `None` for
+    /// constants and for nodes never evaluated (dead code, untaken
+    /// branches).
+    pub fn type_of(&self, n: NodeId) -> Option<String> {
         if let Some(v) = self.value_of(n) {
             return Some(v.to_string());
         }
@@ -226,7 +223,12 @@ pub fn infer_module_with(
     })
 }
 
-fn run(m: &Module, entry: GraphId, args: &[AbsVal], opts: &InferOptions) -> Result<Types, InferError> {
+fn run(
+    m: &Module,
+    entry: GraphId,
+    args: &[AbsVal],
+    opts: &InferOptions,
+) -> Result<Types, InferError> {
     let mut interp = Interp {
         m,
         opts,
@@ -254,7 +256,10 @@ fn run(m: &Module, entry: GraphId, args: &[AbsVal], opts: &InferOptions) -> Resu
     if !interp.fv.get(entry).is_empty() {
         return Err(InferError::new(
             graph.loc,
-            format!("internal error: entry graph @{} has free variables", graph.name),
+            format!(
+                "internal error: entry graph @{} has free variables",
+                graph.name
+            ),
         ));
     }
     let (_, id) = interp.call_graph(entry, args.to_vec(), captures, None)?;
@@ -324,7 +329,12 @@ impl<'a> Interp<'a> {
     /// Forgets the constants of a call of `g` that vary between it and the
     /// calls of `g` in progress, once there are many of those or the
     /// nesting is deep.
-    fn widen(&self, g: GraphId, args: Vec<AbsVal>, captures: Vec<AbsVal>) -> (Vec<AbsVal>, Vec<AbsVal>) {
+    fn widen(
+        &self,
+        g: GraphId,
+        args: Vec<AbsVal>,
+        captures: Vec<AbsVal>,
+    ) -> (Vec<AbsVal>, Vec<AbsVal>) {
         let Some(ancestors) = self.in_progress.get(&g) else {
             return (args, captures);
         };
@@ -368,7 +378,10 @@ impl<'a> Interp<'a> {
                 State::Done => return Ok((self.specs[id].spec.result.clone(), id)),
                 State::InProgress(pos) => {
                     let top_pos = self.frames.len() - 1;
-                    let top = self.frames.last_mut().expect("a spec in progress has a frame");
+                    let top = self
+                        .frames
+                        .last_mut()
+                        .expect("a spec in progress has a frame");
                     if pos == top_pos {
                         top.self_dep = true;
                     } else {
@@ -508,7 +521,14 @@ impl<'a> Interp<'a> {
     fn eval_body(
         &mut self,
         id: usize,
-    ) -> Result<(AbsVal, HashMap<NodeId, AbsVal>, HashMap<NodeId, Vec<SpecId>>), InferError> {
+    ) -> Result<
+        (
+            AbsVal,
+            HashMap<NodeId, AbsVal>,
+            HashMap<NodeId, Vec<SpecId>>,
+        ),
+        InferError,
+    > {
         let g = self.specs[id].spec.graph;
         let graph = self.m.graph(g);
         let Some(out) = graph.output else {
@@ -539,7 +559,12 @@ impl<'a> Interp<'a> {
     }
 
     /// The value of node `n` used in graph `g`.
-    fn value_of(&self, n: NodeId, values: &HashMap<NodeId, AbsVal>, g: GraphId) -> Result<AbsVal, InferError> {
+    fn value_of(
+        &self,
+        n: NodeId,
+        values: &HashMap<NodeId, AbsVal>,
+        g: GraphId,
+    ) -> Result<AbsVal, InferError> {
         if let Some(v) = values.get(&n) {
             return Ok(v.clone());
         }
@@ -550,16 +575,14 @@ impl<'a> Interp<'a> {
                     match values.get(v) {
                         Some(AbsVal::Bottom) => return Ok(AbsVal::Bottom),
                         Some(x) => captures.push(x.clone()),
-                        None => {
-                            return Err(InferError::new(
-                                self.loc(n),
-                                format!(
-                                    "internal error: free variable {v} of @{} is not available in @{}",
-                                    self.m.graph(*h).name,
-                                    self.m.graph(g).name
-                                ),
-                            ))
-                        }
+                        None => return Err(InferError::new(
+                            self.loc(n),
+                            format!(
+                                "internal error: free variable {v} of @{} is not available in @{}",
+                                self.m.graph(*h).name,
+                                self.m.graph(g).name
+                            ),
+                        )),
                     }
                 }
                 Ok(AbsVal::Func(vec![Closure::Graph {
@@ -589,7 +612,10 @@ impl<'a> Interp<'a> {
         let g = m.node(n).graph.expect("applications belong to a graph");
         let inputs = m.inputs(n);
         let Some((&callee_node, arg_nodes)) = inputs.split_first() else {
-            return Err(InferError::new(self.loc(n), "internal error: application without callee"));
+            return Err(InferError::new(
+                self.loc(n),
+                "internal error: application without callee",
+            ));
         };
         let callee = self.value_of(callee_node, values, g)?;
         let mut args = Vec::with_capacity(arg_nodes.len());
@@ -602,7 +628,80 @@ impl<'a> Interp<'a> {
                 .cloned()
                 .or_else(|| m.as_const(id).and_then(const_value))
         };
+        if let Some((cond, a, b)) = self.literal_switch(callee_node, values, g)? {
+            return self.call_both(n, cond, &a, &b, args, arg_nodes, &value_of);
+        }
         self.call_value(&callee, args, arg_nodes, n, &value_of)
+    }
+
+    /// For a callee `switch(c, a, b)` whose condition is computed from
+    /// literals alone (`if true`, `while true`), the condition and both
+    /// branches: such an `if` still needs branches of one type. A condition
+    /// known only through specialisation (a loop counter, a recursion
+    /// argument) selects one branch, so recursion on constants ends.
+    #[allow(clippy::type_complexity)]
+    fn literal_switch(
+        &self,
+        callee: NodeId,
+        values: &HashMap<NodeId, AbsVal>,
+        g: GraphId,
+    ) -> Result<Option<(bool, AbsVal, AbsVal)>, InferError> {
+        if self.m.applied_prim(callee) != Some(Prim::Switch) {
+            return Ok(None);
+        }
+        let &[_, c, a, b] = self.m.inputs(callee) else {
+            return Ok(None);
+        };
+        if !provenance::is_literal(self.m, c) {
+            return Ok(None);
+        }
+        let cond = match values.get(&callee) {
+            Some(AbsVal::Func(_)) => self.value_of(c, values, g)?,
+            _ => return Ok(None),
+        };
+        let Some(AbsTensor {
+            dtype: DType::Bool,
+            value: Some(v),
+            ..
+        }) = cond.as_tensor()
+        else {
+            return Ok(None);
+        };
+        let cond = v.first().is_some_and(|&v| v != 0);
+        Ok(Some((
+            cond,
+            self.value_of(a, values, g)?,
+            self.value_of(b, values, g)?,
+        )))
+    }
+
+    /// Calls both branches of an `if` on a literal condition; gives the
+    /// taken branch's result once both are known to have one type.
+    #[allow(clippy::too_many_arguments)]
+    fn call_both(
+        &mut self,
+        site: NodeId,
+        cond: bool,
+        a: &AbsVal,
+        b: &AbsVal,
+        args: Vec<AbsVal>,
+        arg_nodes: &[NodeId],
+        value_of: &dyn Fn(NodeId) -> Option<AbsVal>,
+    ) -> Result<(AbsVal, Vec<SpecId>), InferError> {
+        let (ra, mut called) = self.call_value(a, args.clone(), arg_nodes, site, value_of)?;
+        let (rb, cb) = self.call_value(b, args, arg_nodes, site, value_of)?;
+        called.extend(cb);
+        if join(&ra, &rb).is_none() {
+            let graph_of = |f: &AbsVal| match f {
+                AbsVal::Func(cs) if cs.len() == 1 => match cs[0] {
+                    Closure::Graph { graph, .. } => Some(graph),
+                    Closure::Prim(_) => None,
+                },
+                _ => None,
+            };
+            return Err(self.branch_error(site, &[(ra, graph_of(a))], &rb, graph_of(b)));
+        }
+        Ok((if cond { ra } else { rb }, called))
     }
 
     /// Calls function value `f` at application `site`.
@@ -617,6 +716,7 @@ impl<'a> Interp<'a> {
         let closures = match f {
             AbsVal::Func(cs) => cs,
             AbsVal::Bottom => return Ok((AbsVal::Bottom, Vec::new())),
+            AbsVal::Unknown => return Ok((AbsVal::Unknown, Vec::new())),
             other => {
                 return Err(InferError::new(
                     self.loc(site),
@@ -654,7 +754,8 @@ impl<'a> Interp<'a> {
                         results.push((AbsVal::Bottom, Some(*graph)));
                         continue;
                     }
-                    let (v, id) = self.call_graph(*graph, args.clone(), captures.clone(), Some(site))?;
+                    let (v, id) =
+                        self.call_graph(*graph, args.clone(), captures.clone(), Some(site))?;
                     called.push(SpecId(id as u32));
                     results.push((v, Some(*graph)));
                 }
@@ -696,7 +797,11 @@ impl<'a> Interp<'a> {
             if let Some(h) = graph {
                 let graph = self.m.graph(h);
                 let loc = graph.output.map_or(graph.loc, |o| self.m.node(o).loc);
-                let what = if is_if { "this branch" } else { "this function" };
+                let what = if is_if {
+                    "this branch"
+                } else {
+                    "this function"
+                };
                 e.secondary.push((loc, format!("{what} has type {ty}")));
             }
         }

@@ -14,6 +14,8 @@
 //!   shape rules (one definition shared with the kernels).
 //! - [`eval`]: the interpreter: specialisation, `switch`, recursion to a
 //!   fixpoint, widening of constants that vary.
+//! - [`provenance`]: which IR expressions are fixed by the program text
+//!   (their errors are compile-time errors) rather than by specialisation.
 //!
 //! ```text
 //! infer_module(&module, main, &[AbsVal::tensor(F32, &[3, 4])])?.type_of(node)
@@ -21,6 +23,7 @@
 
 pub mod domain;
 pub mod eval;
+pub mod provenance;
 pub mod rules;
 
 use crate::ir::Loc;

@@ -16,6 +16,7 @@ use adjoint_runtime::tensor::DType;
 
 use super::domain::{join, wrap, AbsTensor, AbsVal, MAX_CONST_ELEMS};
 use super::eval::LoadTypeFn;
+use super::provenance::{self, same_expr};
 use super::InferError;
 use crate::ir::{Const, Loc, Module, NodeId};
 use crate::prim::Prim;
@@ -71,11 +72,16 @@ pub struct RuleCtx<'a> {
 
 /// Applies the rule of `p` to `args`. `Bottom` arguments (values of
 /// recursive calls not known yet) give `Bottom`, except for `switch`,
-/// which only needs its condition.
+/// which only needs its condition. `Unknown` arguments (known only at run
+/// time) give `Unknown`, except for primitives that build structures or
+/// thread the IO token.
 pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> Rule {
     check_arity(p, args.len())?;
     if p != Prim::Switch && args.iter().any(AbsVal::is_bottom) {
         return Ok(AbsVal::Bottom);
+    }
+    if !keeps_unknown(p) && args.iter().any(|a| matches!(a, AbsVal::Unknown)) {
+        return Ok(AbsVal::Unknown);
     }
     let op = p.name();
     match p {
@@ -128,7 +134,11 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             let x = tensor(op, &args[0])?;
             let perm = opt_known_ints(op, "permutation", &args[1])?;
             let shape = shape::transpose(x.ty(), perm.as_deref())?;
-            let value = if x.shape.len() <= 1 { x.value.clone() } else { None };
+            let value = if x.shape.len() <= 1 {
+                x.value.clone()
+            } else {
+                None
+            };
             Ok(like(x, shape, value))
         }
         Prim::BroadcastTo => {
@@ -170,7 +180,10 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         Prim::Shape => {
             let x = tensor(op, &args[0])?;
             Ok(AbsVal::Tuple(
-                x.shape.iter().map(|&d| AbsVal::int(d as i64, true)).collect(),
+                x.shape
+                    .iter()
+                    .map(|&d| AbsVal::int(d as i64, true))
+                    .collect(),
             ))
         }
         Prim::Size => {
@@ -192,7 +205,9 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
                 None if !v.weak => v.dtype,
                 None => DType::F32,
             };
-            let fill = v.scalar_value().filter(|_| !v.dtype.is_float() && v.shape.is_empty());
+            let fill = v
+                .scalar_value()
+                .filter(|_| !v.dtype.is_float() && v.shape.is_empty());
             Ok(filled(d, shape, fill))
         }
         Prim::ZerosLike | Prim::OnesLike => {
@@ -203,9 +218,23 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             Ok(like(x, x.shape.clone(), value))
         }
         Prim::Arange => {
-            // A negative length gives an empty range, as in the kernel.
-            let n = known_int(op, "length", &args[0])?.max(0) as usize;
-            let d = opt_dtype(op, &args[1])?.unwrap_or(DType::I64);
+            // A negative length gives an empty range, as in the kernel; a
+            // float length `n` gives `ceil(n)` floats.
+            let (n, default) = match (
+                &args[0],
+                ctx.arg_nodes.first().and_then(|&a| ctx.module.as_const(a)),
+            ) {
+                (AbsVal::Tensor(t), Some(Const::Float(x)))
+                    if t.shape.is_empty() && t.dtype.is_float() =>
+                {
+                    if !x.is_finite() || *x > (1u64 << 40) as f64 {
+                        return fail(format!("arange: invalid length {x}"));
+                    }
+                    (x.ceil().max(0.0) as usize, DType::F32)
+                }
+                (n, _) => (known_int(op, "length", n)?.max(0) as usize, DType::I64),
+            };
+            let d = opt_dtype(op, &args[1])?.unwrap_or(default);
             let t = AbsTensor::new(d, vec![n], false);
             Ok(AbsVal::Tensor(if n <= MAX_CONST_ELEMS {
                 t.with_value((0..n as i64).collect())
@@ -255,7 +284,11 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             }
             let rest: Vec<&AbsVal> = args[2..].iter().collect();
             let out = tree_map(&args[0], &args[1], &rest, calls)?;
-            Ok(if contains_bottom(&out) { AbsVal::Bottom } else { out })
+            Ok(if contains_bottom(&out) {
+                AbsVal::Bottom
+            } else {
+                out
+            })
         }
         Prim::TreeSum => {
             let mut leaves = Vec::new();
@@ -273,36 +306,56 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             Ok(AbsVal::Io)
         }
         Prim::LoadNpy | Prim::LoadSafetensors => {
+            // Without a loader, or for a path known only at run time, the
+            // data's type is known only at run time.
             io_token(op, &args[0])?;
-            let path = known_path(op, &args[1])?;
-            let Some(load) = ctx.load_type else {
-                return fail(format!(
-                    "{op}: the type of the data in \"{path}\" is not known at compile time"
-                ));
+            let data = match (&args[1], ctx.load_type) {
+                (AbsVal::Str(Some(path)), Some(load)) => load(p, path).map_err(RuleError::Msg)?,
+                (AbsVal::Str(_) | AbsVal::Unknown, _) => AbsVal::Unknown,
+                (v, _) => return fail(format!("{op}: expected a string, got {v}")),
             };
-            let v = load(p, &path).map_err(RuleError::Msg)?;
-            Ok(AbsVal::Tuple(vec![AbsVal::Io, v]))
+            Ok(AbsVal::Tuple(vec![AbsVal::Io, data]))
         }
         Prim::SaveNpy => {
             io_token(op, &args[0])?;
-            string(op, &args[1])?;
-            tensor(op, &args[2])?;
+            path_arg(op, &args[1])?;
+            if args[2] != AbsVal::Unknown {
+                tensor(op, &args[2])?;
+            }
             Ok(AbsVal::Io)
         }
         Prim::SaveSafetensors => {
             io_token(op, &args[0])?;
-            string(op, &args[1])?;
+            path_arg(op, &args[1])?;
             match &args[2] {
                 AbsVal::Record(fields) => {
                     for (_, v) in fields {
-                        tensor(op, v)?;
+                        if *v != AbsVal::Unknown {
+                            tensor(op, v)?;
+                        }
                     }
                     Ok(AbsVal::Io)
                 }
+                AbsVal::Unknown => Ok(AbsVal::Io),
                 v => fail(format!("{op}: expected a record of tensors, got {v}")),
             }
         }
     }
+}
+
+/// Primitives whose rule accepts `Unknown` arguments.
+fn keeps_unknown(p: Prim) -> bool {
+    matches!(
+        p,
+        Prim::MakeTuple
+            | Prim::MakeRecord
+            | Prim::Switch
+            | Prim::Print
+            | Prim::SaveNpy
+            | Prim::SaveSafetensors
+            | Prim::LoadNpy
+            | Prim::LoadSafetensors
+    )
 }
 
 fn check_arity(p: Prim, n: usize) -> Result<(), RuleError> {
@@ -446,7 +499,10 @@ fn known_shape(op: &str, v: &AbsVal) -> Result<Vec<usize>, RuleError> {
         .collect::<Result<Vec<_>, _>>()
         .or_else(|_| fail(format!("{op}: dimensions must be >= 0, got {dims:?}")))?;
     if shape::checked_size(&shape).is_none() {
-        return fail(format!("{op}: shape {} is too large", shape::fmt_shape(&shape)));
+        return fail(format!(
+            "{op}: shape {} is too large",
+            shape::fmt_shape(&shape)
+        ));
     }
     Ok(shape)
 }
@@ -459,23 +515,20 @@ fn opt_dtype(op: &str, v: &AbsVal) -> Result<Option<DType>, RuleError> {
     }
 }
 
-fn string<'v>(op: &str, v: &'v AbsVal) -> Result<&'v Option<Arc<str>>, RuleError> {
+/// A path: a string, or a value known only at run time.
+fn path_arg(op: &str, v: &AbsVal) -> Result<(), RuleError> {
     match v {
-        AbsVal::Str(s) => Ok(s),
+        AbsVal::Str(_) | AbsVal::Unknown => Ok(()),
         _ => fail(format!("{op}: expected a string, got {v}")),
     }
-}
-
-fn known_path(op: &str, v: &AbsVal) -> Result<Arc<str>, RuleError> {
-    string(op, v)?
-        .clone()
-        .ok_or_else(|| RuleError::Msg(format!("the path of {op} must be known at compile time")))
 }
 
 fn io_token(op: &str, v: &AbsVal) -> Result<(), RuleError> {
     match v {
         AbsVal::Io => Ok(()),
-        _ => fail(format!("{op}: expected the io token as first argument, got {v}")),
+        _ => fail(format!(
+            "{op}: expected the io token as first argument, got {v}"
+        )),
     }
 }
 
@@ -582,7 +635,9 @@ fn binary(p: Prim, a: &AbsVal, b: &AbsVal) -> Rule {
     let (d, w) = dtype::binary_result(op, x.weak_dtype(), y.weak_dtype())?;
     let shape = shape::broadcast(op, x.ty(), y.ty())?;
     let mut out = AbsTensor::new(d, shape, w);
-    if let (Some(xv), Some(yv), Some(f), false) = (&x.value, &y.value, int_op(p), operand.is_float()) {
+    if let (Some(xv), Some(yv), Some(f), false) =
+        (&x.value, &y.value, int_op(p), operand.is_float())
+    {
         let folded = fold(&out.shape, &[(&x.shape, xv), (&y.shape, yv)], |e| {
             f(wrap(operand, e[0]), wrap(operand, e[1])).map(|r| wrap(operand, r))
         });
@@ -601,7 +656,9 @@ fn where_(c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
     let mut out = AbsTensor::new(d, shape, w);
     if let (Some(cv), Some(xv), Some(yv), false) = (&c.value, &x.value, &y.value, d.is_float()) {
         let ops = [(&c.shape[..], &cv[..]), (&x.shape, xv), (&y.shape, yv)];
-        if let Some(v) = fold(&out.shape, &ops, |e| Some(if e[0] != 0 { e[1] } else { e[2] })) {
+        if let Some(v) = fold(&out.shape, &ops, |e| {
+            Some(if e[0] != 0 { e[1] } else { e[2] })
+        }) {
             out = out.with_value(v);
         }
     }
@@ -702,31 +759,14 @@ fn bound(v: &AbsVal) -> Result<Bound, RuleError> {
         return Ok(Bound::Known(None));
     }
     let t = int_scalar("index", "slice bound", v)?;
-    Ok(t.scalar_value().map_or(Bound::Dynamic, |i| Bound::Known(Some(i))))
-}
-
-/// Whether two nodes compute the same value: the same node, equal
-/// constants, or the same operation on nodes that compute the same values.
-fn same_expr(m: &Module, a: NodeId, b: NodeId, depth: u32) -> bool {
-    if a == b {
-        return true;
-    }
-    if depth == 0 {
-        return false;
-    }
-    if let (Some(x), Some(y)) = (m.as_const(a), m.as_const(b)) {
-        return x == y;
-    }
-    let (ia, ib) = (m.inputs(a), m.inputs(b));
-    !ia.is_empty()
-        && ia.len() == ib.len()
-        && ia.iter().zip(ib).all(|(x, y)| same_expr(m, *x, *y, depth - 1))
+    Ok(t.scalar_value()
+        .map_or(Bound::Dynamic, |i| Bound::Known(Some(i))))
 }
 
 /// Recognises the slice `e : e + c` in the IR: `node` is `make_tuple(lo,
 /// hi)` with `hi = add(lo', c)` or `add(c, lo')`, `lo'` computing the same
-/// value as `lo`, and `c` a known int. Gives `c`.
-fn window_len(ctx: &RuleCtx, node: NodeId) -> Option<i64> {
+/// value as `lo`, and `c` a known int. Gives `lo` and `c`.
+fn window(ctx: &RuleCtx, node: NodeId) -> Option<(NodeId, i64)> {
     let m = ctx.module;
     if m.applied_prim(node) != Some(Prim::MakeTuple) {
         return None;
@@ -745,30 +785,49 @@ fn window_len(ctx: &RuleCtx, node: NodeId) -> Option<i64> {
         _ => (ctx.value_of)(n).and_then(|v| v.const_int()),
     };
     if same_expr(m, x, lo, 16) {
-        known(y)
+        known(y).map(|c| (lo, c))
     } else if same_expr(m, y, lo, 16) {
-        known(x)
+        known(x).map(|c| (lo, c))
     } else {
         None
     }
 }
 
-fn index_comp(ctx: &RuleCtx, v: &AbsVal, node: Option<NodeId>) -> Result<IndexComp, RuleError> {
+/// One index component, twice: as the shape rule must see it (an index or
+/// slice start computed from values the function was specialised on is
+/// dynamic: checked at run time), and with every known value (to fold the
+/// elements of constant tensors).
+fn index_comp(
+    ctx: &RuleCtx,
+    v: &AbsVal,
+    node: Option<NodeId>,
+) -> Result<(IndexComp, Option<IndexComp>), RuleError> {
+    let is_static = |n: Option<NodeId>| n.is_none_or(|n| provenance::is_static(ctx.module, n));
     match v {
         AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype.is_int() => {
-            Ok(IndexComp::At(t.scalar_value()))
+            let k = t.scalar_value();
+            let known = k.map(|k| IndexComp::At(Some(k)));
+            Ok((IndexComp::At(k.filter(|_| is_static(node))), known))
         }
-        AbsVal::Tuple(items) if items.len() == 2 => match (bound(&items[0])?, bound(&items[1])?) {
-            (Bound::Known(lo), Bound::Known(hi)) => Ok(IndexComp::Slice(lo, hi)),
-            _ => match node.and_then(|n| window_len(ctx, n)) {
-                Some(c) if c >= 0 => Ok(IndexComp::Window(c as usize)),
-                Some(c) => fail(format!("index: slice length {c} is negative")),
-                None => fail(
+        AbsVal::Tuple(items) if items.len() == 2 => {
+            let (lo, hi) = (bound(&items[0])?, bound(&items[1])?);
+            let win = node.and_then(|n| window(ctx, n));
+            let known = match (&lo, &hi) {
+                (Bound::Known(l), Bound::Known(h)) => Some(IndexComp::Slice(*l, *h)),
+                _ => None,
+            };
+            match (win, known) {
+                (Some((_, c)), _) if c < 0 => fail(format!("index: slice length {c} is negative")),
+                (Some((lo_node, c)), known) if known.is_none() || !is_static(Some(lo_node)) => {
+                    Ok((IndexComp::Window(c as usize), known))
+                }
+                (_, Some(k)) => Ok((k, Some(k))),
+                _ => fail(
                     "index: slice bounds must be known at compile time, or have the form `e : e + c` \
                      with a constant `c`",
                 ),
-            },
-        },
+            }
+        }
         _ => fail(format!(
             "index: each index must be an int or a slice, got {v}; use take to gather"
         )),
@@ -794,17 +853,20 @@ fn gather(shape: &[usize], values: &[i64], steps: &[IndexStep]) -> Vec<i64> {
 fn index(ctx: &RuleCtx, x: &AbsVal, comps: &[AbsVal]) -> Rule {
     let x = tensor("index", x)?;
     let nodes = ctx.arg_nodes.get(1..).unwrap_or(&[]);
-    let comps = comps
+    let (comps, known): (Vec<IndexComp>, Vec<Option<IndexComp>>) = comps
         .iter()
         .enumerate()
         .map(|(i, v)| index_comp(ctx, v, nodes.get(i).copied()))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .unzip();
     let shape = shape::index(x.ty(), &comps)?;
-    let value = match &x.value {
-        Some(v) => shape::resolve_index(x.ty(), &comps)
+    let known: Option<Vec<IndexComp>> = known.into_iter().collect();
+    let value = match (&x.value, known) {
+        (Some(v), Some(known)) => shape::resolve_index(x.ty(), &known)
             .ok()
             .map(|steps| Arc::from(gather(&x.shape, v, &steps))),
-        None => None,
+        _ => None,
     };
     Ok(like(x, shape, value))
 }
@@ -848,13 +910,16 @@ fn tuple_get(t: &AbsVal, i: &AbsVal) -> Rule {
 }
 
 fn make_record(args: &[AbsVal]) -> Rule {
-    if args.len() % 2 != 0 {
+    if !args.len().is_multiple_of(2) {
         return fail("make_record: expected name and value pairs");
     }
     let mut fields: Vec<(Arc<str>, AbsVal)> = Vec::with_capacity(args.len() / 2);
     for pair in args.chunks(2) {
         let AbsVal::Str(Some(name)) = &pair[0] else {
-            return fail(format!("make_record: field names must be known strings, got {}", pair[0]));
+            return fail(format!(
+                "make_record: field names must be known strings, got {}",
+                pair[0]
+            ));
         };
         if fields.iter().any(|(n, _)| n == name) {
             return fail(format!("make_record: field `{name}` is repeated"));
@@ -866,7 +931,9 @@ fn make_record(args: &[AbsVal]) -> Rule {
 
 fn record_get(r: &AbsVal, name: &AbsVal) -> Rule {
     let AbsVal::Str(Some(name)) = name else {
-        return fail(format!("record_get: the field name must be a known string, got {name}"));
+        return fail(format!(
+            "record_get: the field name must be a known string, got {name}"
+        ));
     };
     match r {
         AbsVal::Record(fields) => fields
@@ -884,7 +951,9 @@ fn tensor_literal(args: &[AbsVal]) -> Rule {
         .iter()
         .map(|v| match v {
             AbsVal::Tensor(t) => Ok(t),
-            _ => fail(format!("{op}: elements must be numbers or tensors, got {v}")),
+            _ => fail(format!(
+                "{op}: elements must be numbers or tensors, got {v}"
+            )),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let dts: Vec<(DType, bool)> = ts.iter().map(|t| t.weak_dtype()).collect();
@@ -921,6 +990,7 @@ fn tensor_literal(args: &[AbsVal]) -> Rule {
 fn switch(ctx: &RuleCtx, c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
     match c {
         AbsVal::Bottom => return Ok(AbsVal::Bottom),
+        AbsVal::Unknown => {}
         AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype == DType::Bool => {
             if let Some(v) = t.scalar_value() {
                 return Ok(if v != 0 { a.clone() } else { b.clone() });
@@ -934,8 +1004,10 @@ fn switch(ctx: &RuleCtx, c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
             format!("if branches have different types: {a} and {b}"),
         );
         for (node, v) in ctx.arg_nodes.iter().skip(1).zip([a, b]) {
-            e.secondary
-                .push((ctx.module.node(*node).loc, format!("this branch has type {v}")));
+            e.secondary.push((
+                ctx.module.node(*node).loc,
+                format!("this branch has type {v}"),
+            ));
         }
         RuleError::Nested(e)
     })
@@ -1062,13 +1134,19 @@ mod tests {
 
     #[test]
     fn elementwise() {
-        assert_eq!(ty(Prim::Mul, &[f32s(&[3, 1]), AbsVal::weak_scalar(F64)]), "f32[3, 1]");
+        assert_eq!(
+            ty(Prim::Mul, &[f32s(&[3, 1]), AbsVal::weak_scalar(F64)]),
+            "f32[3, 1]"
+        );
         assert_eq!(ty(Prim::Add, &[f32s(&[3, 1]), f32s(&[4])]), "f32[3, 4]");
         assert_eq!(
             ty(Prim::Add, &[f32s(&[3]), f32s(&[4])]),
             "error: add: shapes f32[3] and f32[4] cannot be broadcast"
         );
-        assert_eq!(ty(Prim::Lt, &[f32s(&[2]), AbsVal::weak_scalar(F64)]), "bool[2]");
+        assert_eq!(
+            ty(Prim::Lt, &[f32s(&[2]), AbsVal::weak_scalar(F64)]),
+            "bool[2]"
+        );
         assert_eq!(ty(Prim::Exp, &[AbsVal::int(2, true)]), "f64[]");
         assert!(ty(Prim::Add, &[f32s(&[]), AbsVal::scalar(F64)]).contains("dtype mismatch"));
     }
@@ -1096,12 +1174,25 @@ mod tests {
         let f = AbsVal::bool(false);
         let t = AbsVal::bool(true);
         assert_eq!(ty(Prim::Sum, &[x.clone(), unit(), f.clone()]), "f32[]");
-        assert_eq!(ty(Prim::Sum, &[x.clone(), AbsVal::int(1, true), f.clone()]), "f32[2, 4]");
         assert_eq!(
-            ty(Prim::Mean, &[x.clone(), AbsVal::Tuple(vec![AbsVal::int(0, true), AbsVal::int(2, true)]), t.clone()]),
+            ty(Prim::Sum, &[x.clone(), AbsVal::int(1, true), f.clone()]),
+            "f32[2, 4]"
+        );
+        assert_eq!(
+            ty(
+                Prim::Mean,
+                &[
+                    x.clone(),
+                    AbsVal::Tuple(vec![AbsVal::int(0, true), AbsVal::int(2, true)]),
+                    t.clone()
+                ]
+            ),
             "f32[1, 3, 1]"
         );
-        assert_eq!(ty(Prim::Argmax, &[x.clone(), AbsVal::int(-1, true), f.clone()]), "i64[2, 3]");
+        assert_eq!(
+            ty(Prim::Argmax, &[x.clone(), AbsVal::int(-1, true), f.clone()]),
+            "i64[2, 3]"
+        );
         assert_eq!(
             ty(Prim::Sum, &[x, AbsVal::weak_scalar(I64), f]),
             "error: the axis of sum must be known at compile time"
@@ -1111,15 +1202,27 @@ mod tests {
     #[test]
     fn shapes_and_creation() {
         assert_eq!(ty(Prim::Zeros, &[ints_lit(&[3, 4]), unit()]), "f32[3, 4]");
-        assert_eq!(ty(Prim::Zeros, &[ints_lit(&[3, 4]), AbsVal::DType(F64)]), "f64[3, 4]");
         assert_eq!(
-            ty(Prim::Zeros, &[AbsVal::Tuple(vec![AbsVal::weak_scalar(I64)]), unit()]),
+            ty(Prim::Zeros, &[ints_lit(&[3, 4]), AbsVal::DType(F64)]),
+            "f64[3, 4]"
+        );
+        assert_eq!(
+            ty(
+                Prim::Zeros,
+                &[AbsVal::Tuple(vec![AbsVal::weak_scalar(I64)]), unit()]
+            ),
             "error: the shape of zeros must be known at compile time"
         );
         let s = run(Prim::Shape, &[f32s(&[5, 6])]).unwrap();
-        assert_eq!(s, AbsVal::Tuple(vec![AbsVal::int(5, true), AbsVal::int(6, true)]));
+        assert_eq!(
+            s,
+            AbsVal::Tuple(vec![AbsVal::int(5, true), AbsVal::int(6, true)])
+        );
         assert_eq!(ty(Prim::Reshape, &[f32s(&[5, 6]), s.clone()]), "f32[5, 6]");
-        assert_eq!(ty(Prim::Reshape, &[f32s(&[5, 6]), ints_lit(&[-1, 2])]), "f32[15, 2]");
+        assert_eq!(
+            ty(Prim::Reshape, &[f32s(&[5, 6]), ints_lit(&[-1, 2])]),
+            "f32[15, 2]"
+        );
         assert_eq!(ty(Prim::Transpose, &[f32s(&[5, 6]), unit()]), "f32[6, 5]");
         assert_eq!(ty(Prim::Arange, &[AbsVal::int(4, true), unit()]), "i64[4]");
         assert_eq!(
@@ -1127,14 +1230,27 @@ mod tests {
             "error: `@` of f32[3, 4] and f32[5, 2]: inner dimensions 4 and 5 differ"
         );
         assert_eq!(
-            ty(Prim::Concat, &[AbsVal::Tuple(vec![f32s(&[2, 3]), f32s(&[4, 3])]), AbsVal::int(0, true)]),
+            ty(
+                Prim::Concat,
+                &[
+                    AbsVal::Tuple(vec![f32s(&[2, 3]), f32s(&[4, 3])]),
+                    AbsVal::int(0, true)
+                ]
+            ),
             "f32[6, 3]"
         );
         assert_eq!(
-            ty(Prim::TensorLiteral, &[AbsVal::int(1, true), AbsVal::weak_scalar(F64)]),
+            ty(
+                Prim::TensorLiteral,
+                &[AbsVal::int(1, true), AbsVal::weak_scalar(F64)]
+            ),
             "f64[2]"
         );
-        let lit = run(Prim::TensorLiteral, &[AbsVal::int(3, true), AbsVal::int(4, true)]).unwrap();
+        let lit = run(
+            Prim::TensorLiteral,
+            &[AbsVal::int(3, true), AbsVal::int(4, true)],
+        )
+        .unwrap();
         assert_eq!(lit, ints_lit(&[3, 4]));
     }
 
@@ -1142,10 +1258,16 @@ mod tests {
     fn static_indexing() {
         let x = f32s(&[4, 5]);
         let sl = |a: i64, b: i64| AbsVal::Tuple(vec![AbsVal::int(a, true), AbsVal::int(b, true)]);
-        assert_eq!(ty(Prim::Index, &[x.clone(), AbsVal::int(1, true)]), "f32[5]");
+        assert_eq!(
+            ty(Prim::Index, &[x.clone(), AbsVal::int(1, true)]),
+            "f32[5]"
+        );
         let all = AbsVal::Tuple(vec![unit(), unit()]);
         assert_eq!(ty(Prim::Index, &[x.clone(), all, sl(1, 3)]), "f32[4, 2]");
-        assert_eq!(ty(Prim::Index, &[x.clone(), AbsVal::weak_scalar(I64)]), "f32[5]");
+        assert_eq!(
+            ty(Prim::Index, &[x.clone(), AbsVal::weak_scalar(I64)]),
+            "f32[5]"
+        );
         assert_eq!(
             ty(Prim::Index, &[x.clone(), AbsVal::int(4, true)]),
             "error: index 4 is out of range for axis 0 of size 4"
@@ -1159,7 +1281,10 @@ mod tests {
     #[test]
     fn tuples_and_records() {
         let t = AbsVal::Tuple(vec![f32s(&[2]), AbsVal::int(1, true)]);
-        assert_eq!(ty(Prim::TupleGet, &[t.clone(), AbsVal::int(0, true)]), "f32[2]");
+        assert_eq!(
+            ty(Prim::TupleGet, &[t.clone(), AbsVal::int(0, true)]),
+            "f32[2]"
+        );
         assert_eq!(
             ty(Prim::TupleGet, &[t.clone(), AbsVal::int(2, true)]),
             "error: tuple_get: index 2 is out of range for a tuple of 2: (f32[2], i64[])"
@@ -1167,24 +1292,44 @@ mod tests {
         assert!(ty(Prim::TupleGet, &[t, AbsVal::weak_scalar(I64)]).contains("different types"));
         let r = run(
             Prim::MakeRecord,
-            &[AbsVal::Str(Some("w".into())), f32s(&[4, 3]), AbsVal::Str(Some("b".into())), f32s(&[3])],
+            &[
+                AbsVal::Str(Some("w".into())),
+                f32s(&[4, 3]),
+                AbsVal::Str(Some("b".into())),
+                f32s(&[3]),
+            ],
         )
         .unwrap();
         assert_eq!(r.to_string(), "{w: f32[4, 3], b: f32[3]}");
-        assert_eq!(ty(Prim::RecordGet, &[r.clone(), AbsVal::Str(Some("b".into()))]), "f32[3]");
+        assert_eq!(
+            ty(Prim::RecordGet, &[r.clone(), AbsVal::Str(Some("b".into()))]),
+            "f32[3]"
+        );
         assert_eq!(
             ty(Prim::RecordGet, &[r, AbsVal::Str(Some("x".into()))]),
             "error: record {w: f32[4, 3], b: f32[3]} has no field `x`"
         );
-        assert_eq!(ty(Prim::TreeSum, &[AbsVal::Tuple(vec![f32s(&[2]), f32s(&[3, 3])])]), "f32[]");
+        assert_eq!(
+            ty(
+                Prim::TreeSum,
+                &[AbsVal::Tuple(vec![f32s(&[2]), f32s(&[3, 3])])]
+            ),
+            "f32[]"
+        );
     }
 
     #[test]
     fn switch_rule() {
         let a = f32s(&[3]);
         let b = f32s(&[4]);
-        assert_eq!(run(Prim::Switch, &[AbsVal::bool(true), a.clone(), b.clone()]), Ok(a.clone()));
-        assert_eq!(run(Prim::Switch, &[AbsVal::bool(false), a.clone(), b.clone()]), Ok(b.clone()));
+        assert_eq!(
+            run(Prim::Switch, &[AbsVal::bool(true), a.clone(), b.clone()]),
+            Ok(a.clone())
+        );
+        assert_eq!(
+            run(Prim::Switch, &[AbsVal::bool(false), a.clone(), b.clone()]),
+            Ok(b.clone())
+        );
         assert_eq!(
             ty(Prim::Switch, &[AbsVal::scalar(Bool), a.clone(), b.clone()]),
             "error: if branches have different types: f32[3] and f32[4]"
@@ -1199,7 +1344,19 @@ mod tests {
     fn io() {
         assert_eq!(ty(Prim::Print, &[AbsVal::Io, f32s(&[2])]), "io");
         assert!(ty(Prim::Print, &[f32s(&[2])]).contains("io token"));
-        assert!(ty(Prim::LoadNpy, &[AbsVal::Io, AbsVal::Str(Some("x.npy".into()))])
-            .contains("not known at compile time"));
+        // without a loader, the data is known only at run time
+        assert_eq!(
+            ty(
+                Prim::LoadNpy,
+                &[AbsVal::Io, AbsVal::Str(Some("x.npy".into()))]
+            ),
+            "(io, ?)"
+        );
+        assert_eq!(ty(Prim::Add, &[AbsVal::Unknown, f32s(&[2])]), "?");
+        assert_eq!(ty(Prim::Print, &[AbsVal::Io, AbsVal::Unknown]), "io");
+        assert_eq!(
+            ty(Prim::MakeTuple, &[AbsVal::Unknown, f32s(&[2])]),
+            "(?, f32[2])"
+        );
     }
 }

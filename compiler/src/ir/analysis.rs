@@ -64,7 +64,11 @@ pub fn graph_body_with(m: &Module, g: GraphId, fv: &FreeVars) -> Vec<NodeId> {
     let mut seen = HashSet::new();
     let mut stack: Vec<(NodeId, Vec<NodeId>, usize)> = Vec::new();
     // The output itself may be a graph constant whose captures are owned here.
-    let roots = if owned_apply(out) { vec![out] } else { deps(out) };
+    let roots = if owned_apply(out) {
+        vec![out]
+    } else {
+        deps(out)
+    };
     for root in roots {
         if !owned_apply(root) || !seen.insert(root) {
             continue;
@@ -142,8 +146,7 @@ pub fn free_variables(m: &Module) -> FreeVars {
         let mut seen = HashSet::new();
         for u in used_nodes(m, g, &owned[g.index()]) {
             let node = m.node(u);
-            if !matches!(node.kind, NodeKind::Const(_)) && node.graph != Some(g) && seen.insert(u)
-            {
+            if !matches!(node.kind, NodeKind::Const(_)) && node.graph != Some(g) && seen.insert(u) {
                 fv.push(u);
             }
         }

@@ -88,7 +88,9 @@ pub enum Const {
 #[derive(Clone, Debug, PartialEq)]
 pub enum NodeKind {
     /// The `index`-th parameter of its owning graph.
-    Param { index: u32 },
+    Param {
+        index: u32,
+    },
     Const(Const),
     /// `inputs[0]` applied to `inputs[1..]`.
     Apply(Vec<NodeId>),

@@ -25,6 +25,7 @@ use adjoint_lang::ast::{self, Expr, ExprKind, FnDef, Item};
 use adjoint_lang::{Diagnostic, FileId, SourceMap, Span};
 use adjoint_runtime::tensor::DType;
 
+use crate::checks::Check;
 use crate::ir::{Const, GraphId, Loc, Module, NodeId};
 use crate::prim::{self, Prim};
 use scan::CallTarget;
@@ -69,6 +70,8 @@ pub struct Lowered {
     pub effectful: HashSet<GraphId>,
     /// Parsed modules, for `emit --stage ast`.
     pub asts: Vec<(FileId, Rc<ast::Module>)>,
+    /// What to check once types are known (annotations, assignments).
+    pub checks: Vec<Check>,
 }
 
 type R<T> = Result<T, Diagnostic>;
@@ -148,6 +151,8 @@ struct Cx {
     loops: Vec<LoopCx>,
     /// Why jumps out of this graph are not allowed, when they are not.
     barrier: Option<&'static str>,
+    /// The function's return annotation.
+    ret: Option<Rc<ast::TypeExpr>>,
 }
 
 impl Cx {
@@ -176,6 +181,7 @@ pub struct Lowerer<'a> {
     diags: Vec<Diagnostic>,
     effectful_graphs: HashSet<GraphId>,
     depth: usize,
+    checks: Vec<Check>,
 }
 
 /// Names of user-facing primitives that are spelled differently or not
@@ -241,6 +247,7 @@ impl<'a> Lowerer<'a> {
             diags: Vec::new(),
             effectful_graphs: HashSet::new(),
             depth: 0,
+            checks: Vec::new(),
         };
         let prelude_src = STDLIB[0].1;
         let pf = lw.sources.add_file("<stdlib>/prelude.adj", prelude_src);
@@ -273,6 +280,7 @@ impl<'a> Lowerer<'a> {
             functions,
             effectful: lw.effectful_graphs,
             asts,
+            checks: lw.checks,
         })
     }
 
@@ -341,7 +349,10 @@ impl<'a> Lowerer<'a> {
                     );
                     return;
                 };
-                let alias = imp.alias.as_ref().map_or(id.name.clone(), |a| a.name.clone());
+                let alias = imp
+                    .alias
+                    .as_ref()
+                    .map_or(id.name.clone(), |a| a.name.clone());
                 (
                     format!("<stdlib>/{}", id.name),
                     alias,
@@ -464,10 +475,10 @@ impl<'a> Lowerer<'a> {
             return Some(FnKey { module, item: *i });
         }
         let p = self.prelude?;
-        self.mods[p]
-            .fns
-            .get(name)
-            .map(|i| FnKey { module: p, item: *i })
+        self.mods[p].fns.get(name).map(|i| FnKey {
+            module: p,
+            item: *i,
+        })
     }
 
     fn fn_def(&self, key: FnKey) -> Rc<FnDef> {
@@ -539,10 +550,18 @@ impl<'a> Lowerer<'a> {
             fn_id,
             loops: Vec::new(),
             barrier: None,
+            ret: def.ret.clone().map(Rc::new),
         };
         self.scopes.push(Vec::new());
         for p in &def.params {
             let node = self.m.add_param(g, p.name.name.clone(), loc(p.span));
+            if let Some(ty) = &p.ty {
+                self.checks.push(Check::Annotation {
+                    node,
+                    ty: ty.clone(),
+                    what: format!("parameter `{}`", p.name.name),
+                });
+            }
             if p.name.name != "_" {
                 self.bind(&p.name.name, Binding::Val(node));
             }
@@ -639,6 +658,13 @@ impl<'a> Lowerer<'a> {
 
     /// Finishes the current graph (or returns the value, for `Cont::Value`).
     fn finish(&mut self, cx: &mut Cx, value: NodeId, k: &Cont, span: Span) -> Option<NodeId> {
+        if let (Cont::Return, Some(ty)) = (k, &cx.ret) {
+            self.checks.push(Check::Annotation {
+                node: value,
+                ty: (**ty).clone(),
+                what: "the result".into(),
+            });
+        }
         let out = match k {
             Cont::Value => return Some(value),
             Cont::Return => match cx.io {
@@ -748,11 +774,10 @@ impl<'a> Lowerer<'a> {
     fn enter(&mut self, span: Span) -> R<()> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(Diagnostic::error(
-                "program too deeply nested for the compiler",
-                span,
-            )
-            .with_note("split the function into smaller functions"));
+            return Err(
+                Diagnostic::error("program too deeply nested for the compiler", span)
+                    .with_note("split the function into smaller functions"),
+            );
         }
         Ok(())
     }
@@ -821,9 +846,7 @@ impl<'a> Lowerer<'a> {
                 };
                 Ok(self.prim(cx, p, &[x], span))
             }
-            ExprKind::Binary {
-                op, lhs, rhs, ..
-            } => {
+            ExprKind::Binary { op, lhs, rhs, .. } => {
                 let a = self.lower_expr(module, cx, lhs)?;
                 let b = self.lower_expr(module, cx, rhs)?;
                 Ok(self.prim(cx, binop_prim(*op), &[a, b], span))
@@ -1030,41 +1053,39 @@ impl<'a> Lowerer<'a> {
         span: Span,
     ) -> R<NodeId> {
         match &*callee.kind {
-            ExprKind::Name(n) => {
-                match self.lookup(n).cloned() {
-                    Some(Binding::LocalFn(f)) => {
-                        let g = f.graph;
-                        let effectful = f.effectful;
-                        return self.call_def(module, cx, g, &f.def, effectful, args, span);
+            ExprKind::Name(n) => match self.lookup(n).cloned() {
+                Some(Binding::LocalFn(f)) => {
+                    let g = f.graph;
+                    let effectful = f.effectful;
+                    return self.call_def(module, cx, g, &f.def, effectful, args, span);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(key) = self.global_fn(module, n) {
+                        let g = self.fn_graph(key);
+                        let def = self.fn_def(key);
+                        let eff = self.effectful.contains(&key);
+                        return self.call_def(module, cx, g, &def, eff, args, span);
                     }
-                    Some(_) => {}
-                    None => {
-                        if let Some(key) = self.global_fn(module, n) {
-                            let g = self.fn_graph(key);
-                            let def = self.fn_def(key);
-                            let eff = self.effectful.contains(&key);
-                            return self.call_def(module, cx, g, &def, eff, args, span);
-                        }
-                        if let Some(d) = DType::from_name(n) {
-                            let x = self.positional_only(module, cx, args, 1, n, span)?;
-                            let dt = self.konst(Const::DType(d), callee.span);
-                            return Ok(self.prim(cx, Prim::Cast, &[x[0], dt], span));
-                        }
-                        if let Some(p) = user_prim(n) {
-                            return self.call_prim(module, cx, p, args, span);
-                        }
-                        if DIFF_NAMES.contains(&n.as_str()) {
-                            return Err(not_yet_diff(n, callee.span));
-                        }
-                        if n == "progress" {
-                            return Err(Diagnostic::error(
-                                "`progress(a..b)` may appear only as the range of a `for` loop",
-                                span,
-                            ));
-                        }
+                    if let Some(d) = DType::from_name(n) {
+                        let x = self.positional_only(module, cx, args, 1, n, span)?;
+                        let dt = self.konst(Const::DType(d), callee.span);
+                        return Ok(self.prim(cx, Prim::Cast, &[x[0], dt], span));
+                    }
+                    if let Some(p) = user_prim(n) {
+                        return self.call_prim(module, cx, p, args, span);
+                    }
+                    if DIFF_NAMES.contains(&n.as_str()) {
+                        return Err(not_yet_diff(n, callee.span));
+                    }
+                    if n == "progress" {
+                        return Err(Diagnostic::error(
+                            "`progress(a..b)` may appear only as the range of a `for` loop",
+                            span,
+                        ));
                     }
                 }
-            }
+            },
             ExprKind::Field { base, name } => {
                 if let ExprKind::Name(m) = &*base.kind {
                     if self.lookup(m).is_none() {
@@ -1270,7 +1291,10 @@ impl<'a> Lowerer<'a> {
                     Some(d) => vals.push(self.konst(default_const(d), span)),
                     None => {
                         return Err(Diagnostic::error(
-                            format!("missing argument `{}` in call to `{}`", params[i].name, info.name),
+                            format!(
+                                "missing argument `{}` in call to `{}`",
+                                params[i].name, info.name
+                            ),
                             span,
                         ))
                     }
@@ -1338,8 +1362,9 @@ fn effectful_value_error(n: &str, span: Span) -> Diagnostic {
 }
 
 fn not_yet_diff(n: &str, span: Span) -> Diagnostic {
-    Diagnostic::error(format!("`{n}` is not supported yet"), span)
-        .with_note("differentiation (grad, value_and_grad, vjp, jvp, stop_gradient) comes in a later release")
+    Diagnostic::error(format!("`{n}` is not supported yet"), span).with_note(
+        "differentiation (grad, value_and_grad, vjp, jvp, stop_gradient) comes in a later release",
+    )
 }
 
 fn io_reason(e: &std::io::Error) -> String {

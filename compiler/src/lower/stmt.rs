@@ -11,7 +11,9 @@
 
 use std::rc::Rc;
 
-use adjoint_lang::ast::{self, Block, Expr, ExprKind, FnDef, IfExpr, Pattern, PatternKind, Stmt, StmtKind};
+use adjoint_lang::ast::{
+    self, Block, Expr, ExprKind, FnDef, IfExpr, Pattern, PatternKind, Stmt, StmtKind,
+};
 use adjoint_lang::{Diagnostic, Span};
 
 use super::scan;
@@ -54,9 +56,20 @@ impl Lowerer<'_> {
                     pattern,
                     mutable,
                     value,
-                    ..
+                    ty,
                 } => {
                     let v = self.lower_expr(module, cx, value)?;
+                    if let Some(ty) = ty {
+                        let what = match &pattern.kind {
+                            PatternKind::Name(n) => format!("`{n}`"),
+                            _ => "the value".to_string(),
+                        };
+                        self.checks.push(crate::checks::Check::Annotation {
+                            node: v,
+                            ty: ty.clone(),
+                            what,
+                        });
+                    }
                     self.bind_pattern(cx, pattern, v, *mutable)?;
                 }
                 StmtKind::Assign { target, op, value } => {
@@ -90,7 +103,8 @@ impl Lowerer<'_> {
                     iter,
                     body,
                 } => {
-                    return self.lower_for(module, cx, pattern, iter, body, s.span, rest, tail, end, k)
+                    return self
+                        .lower_for(module, cx, pattern, iter, body, s.span, rest, tail, end, k)
                 }
                 StmtKind::While { cond, body } => {
                     return self.lower_while(module, cx, cond, body, s.span, rest, tail, end, k)
@@ -105,7 +119,9 @@ impl Lowerer<'_> {
                                 s.span,
                             )
                             .with_note("use the `if` or block as a statement instead"),
-                            None => Diagnostic::error(format!("`{word}` outside of a loop"), s.span),
+                            None => {
+                                Diagnostic::error(format!("`{word}` outside of a loop"), s.span)
+                            }
                         });
                     };
                     let jump = if is_break {
@@ -447,15 +463,19 @@ impl Lowerer<'_> {
         });
         if effectful && cx.io.is_none() {
             return Err(super::Diagnostic::error(
-                format!("local function `{}` performs IO, which is not allowed here", def.name.name),
+                format!(
+                    "local function `{}` performs IO, which is not allowed here",
+                    def.name.name
+                ),
                 def.name.span,
             ));
         }
         let parent = self.m.graph(cx.graph).name.clone();
         let base = parent.split('.').next().unwrap_or(&parent).to_string();
-        let g = self
-            .m
-            .add_graph(format!("{base}.{}", def.name.name), super::loc(def.name.span));
+        let g = self.m.add_graph(
+            format!("{base}.{}", def.name.name),
+            super::loc(def.name.span),
+        );
         self.bind(
             &def.name.name,
             Binding::LocalFn(LocalFn {
@@ -514,10 +534,24 @@ impl Lowerer<'_> {
         Ok(())
     }
 
-    fn assign_pattern(&mut self, module: usize, cx: &mut Cx, pat: &Pattern, value: NodeId) -> R<()> {
+    fn assign_pattern(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        pat: &Pattern,
+        value: NodeId,
+    ) -> R<()> {
         match &pat.kind {
             PatternKind::Name(n) => match self.lookup(n).cloned() {
                 Some(Binding::Var(v)) if self.vars[v.0 as usize].fn_id == cx.fn_id => {
+                    if let Some(old) = cx.vals.get(&v).copied() {
+                        self.checks.push(crate::checks::Check::Assign {
+                            name: n.clone(),
+                            old,
+                            new: value,
+                            span: pat.span,
+                        });
+                    }
                     cx.vals.insert(v, value);
                     Ok(())
                 }

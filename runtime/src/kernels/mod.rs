@@ -203,6 +203,7 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     // structure
     ("make_tuple", structural::make_tuple),
     ("tuple_get", structural::tuple_get),
+    ("tuple_len", structural::tuple_len),
     ("make_record", structural::make_record),
     ("record_get", structural::record_get),
     ("tensor_literal", structural::tensor_literal),

@@ -29,6 +29,15 @@ pub fn tuple_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     }
 }
 
+/// `tuple_len(t)`: the number of elements of `t`, as a weak i64 (used by
+/// `for x in t`).
+pub fn tuple_len(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "tuple_len";
+    arity(op, args, 1)?;
+    let items = super::args::tuple(op, &args[0], "t")?;
+    Ok(Value::Tensor(Tensor::weak_i64(items.len() as i64)))
+}
+
 /// `make_record(name0, v0, name1, v1, ..)`: `{name0: v0, name1: v1, ..}`,
 /// fields in that order; names are strings and must differ.
 pub fn make_record(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {

@@ -1,0 +1,217 @@
+//! Checks that need inferred types but belong to the source program:
+//! type annotations (`let x: f32[3] = ..`, `n: i64`, `-> f32`) and the
+//! rule that a `let mut` variable keeps the dtype of its first typed value.
+//! Lowering records what to check; this pass runs after inference.
+
+use adjoint_lang::ast::{TypeExpr, TypeKind};
+use adjoint_lang::{Diagnostic, Span};
+use adjoint_runtime::tensor::DType;
+
+use crate::infer::domain::AbsVal;
+use crate::infer::Types;
+use crate::ir::{Const, Module, NodeId};
+use crate::lower::span_of;
+
+/// Something lowering asks to be checked once types are known.
+#[derive(Clone, Debug)]
+pub enum Check {
+    /// `node` must have the annotated type; `what` names it (`` `x` ``).
+    Annotation {
+        node: NodeId,
+        ty: TypeExpr,
+        what: String,
+    },
+    /// `name` held `old` and is reassigned `new` at `span`.
+    Assign {
+        name: String,
+        old: NodeId,
+        new: NodeId,
+        span: Span,
+    },
+}
+
+/// Runs every check; returns the diagnostics of those that fail.
+pub fn run(checks: &[Check], m: &Module, types: &Types) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for c in checks {
+        match c {
+            Check::Annotation { node, ty, what } if is_param(m, *node) => {
+                // Check each specialisation, and blame the call that made it.
+                for (sid, spec) in types.specs() {
+                    let Some(v) = spec.values.get(node) else {
+                        continue;
+                    };
+                    let Some(why) = mismatch(ty, v) else {
+                        continue;
+                    };
+                    let caller = types
+                        .specs()
+                        .flat_map(|(_, s)| s.calls.iter())
+                        .find(|(_, callees)| callees.contains(&sid))
+                        .and_then(|(call, _)| span_of(m.node(*call).loc));
+                    let d = match caller {
+                        Some(at) => Diagnostic::error(
+                            format!("{what} is annotated {} but this call passes {v}", show(ty)),
+                            at,
+                        )
+                        .with_secondary(ty.span, format!("annotated here; {why}")),
+                        None => Diagnostic::error(
+                            format!("{what} is annotated {} but is {v}", show(ty)),
+                            ty.span,
+                        )
+                        .with_label(why),
+                    };
+                    out.push(d);
+                    break;
+                }
+            }
+            Check::Annotation { node, ty, what } => {
+                let Some(v) = value(m, types, *node) else {
+                    continue;
+                };
+                if let Some(why) = mismatch(ty, &v) {
+                    out.push(
+                        Diagnostic::error(
+                            format!("{what} is annotated {} but is {v}", show(ty)),
+                            ty.span,
+                        )
+                        .with_label(why),
+                    );
+                }
+            }
+            Check::Assign {
+                name,
+                old,
+                new,
+                span,
+            } => {
+                let (Some(AbsVal::Tensor(a)), Some(AbsVal::Tensor(b))) =
+                    (value(m, types, *old), value(m, types, *new))
+                else {
+                    continue;
+                };
+                if !a.weak && !b.weak && a.dtype != b.dtype {
+                    out.push(
+                        Diagnostic::error(
+                            format!(
+                                "cannot assign a {} value to `{name}`, which holds {}",
+                                b.dtype, a.dtype
+                            ),
+                            *span,
+                        )
+                        .with_note(format!(
+                            "a variable keeps the dtype of its first typed value; use a cast such as {}(..)",
+                            a.dtype
+                        )),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+fn is_param(m: &Module, n: NodeId) -> bool {
+    matches!(m.node(n).kind, crate::ir::NodeKind::Param { .. })
+}
+
+fn value(m: &Module, types: &Types, n: NodeId) -> Option<AbsVal> {
+    match m.as_const(n) {
+        Some(Const::Int(i)) => Some(AbsVal::int(*i, true)),
+        Some(Const::Float(_)) => Some(AbsVal::weak_scalar(DType::F64)),
+        Some(Const::Bool(b)) => Some(AbsVal::bool(*b)),
+        Some(_) => None,
+        None => types.value_of(n),
+    }
+}
+
+/// Why `v` does not fit `ty`, if it does not.
+fn mismatch(ty: &TypeExpr, v: &AbsVal) -> Option<String> {
+    match (&ty.kind, v) {
+        (_, AbsVal::Unknown | AbsVal::Bottom) => None,
+        (TypeKind::Tensor { dtype, dims }, AbsVal::Tensor(t)) => {
+            let Some(want) = DType::from_name(&dtype.name) else {
+                return Some(format!("`{}` is not a dtype", dtype.name));
+            };
+            let dtype_ok = if t.weak {
+                if t.dtype.is_float() {
+                    want.is_float()
+                } else {
+                    want.is_numeric()
+                }
+            } else {
+                t.dtype == want
+            };
+            if !dtype_ok {
+                return Some(format!("the dtype is {}", t.dtype));
+            }
+            if let Some(dims) = dims {
+                let same = dims.len() == t.shape.len()
+                    && dims
+                        .iter()
+                        .zip(&t.shape)
+                        .all(|(d, s)| *d >= 0 && *d as usize == *s);
+                if !same {
+                    return Some(format!("the shape is {:?}", t.shape));
+                }
+            }
+            None
+        }
+        (TypeKind::Tuple(items), AbsVal::Tuple(vs)) => {
+            if items.len() != vs.len() {
+                return Some(format!("it has {} elements", vs.len()));
+            }
+            items.iter().zip(vs).find_map(|(t, v)| mismatch(t, v))
+        }
+        (TypeKind::Record(fields), AbsVal::Record(vs)) => {
+            if fields.len() != vs.len() {
+                return Some(format!("it has {} fields", vs.len()));
+            }
+            for (name, t) in fields {
+                match vs.iter().find(|(n, _)| **n == *name.name) {
+                    Some((_, v)) => {
+                        if let Some(why) = mismatch(t, v) {
+                            return Some(why);
+                        }
+                    }
+                    None => return Some(format!("it has no field `{}`", name.name)),
+                }
+            }
+            None
+        }
+        _ => Some("the kind of value differs".into()),
+    }
+}
+
+/// An annotation as written.
+fn show(ty: &TypeExpr) -> String {
+    match &ty.kind {
+        TypeKind::Tensor { dtype, dims } => match dims {
+            None => dtype.name.clone(),
+            Some(d) => format!(
+                "{}[{}]",
+                dtype.name,
+                d.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+        TypeKind::Tuple(items) => {
+            let parts: Vec<String> = items.iter().map(show).collect();
+            if parts.len() == 1 {
+                format!("({},)", parts[0])
+            } else {
+                format!("({})", parts.join(", "))
+            }
+        }
+        TypeKind::Record(fields) => format!(
+            "{{{}}}",
+            fields
+                .iter()
+                .map(|(n, t)| format!("{}: {}", n.name, show(t)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
