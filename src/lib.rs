@@ -58,6 +58,27 @@ impl std::fmt::Display for SessionError {
 
 impl std::error::Error for SessionError {}
 
+/// Stack size for compiler passes, which recurse over the program's
+/// nesting (the parser bounds it; the passes still need more than a default
+/// thread's stack for deeply nested programs).
+const COMPILER_STACK: usize = 512 << 20;
+
+/// Runs `f` on a thread with a large stack, so that deep programs give
+/// diagnostics, not stack overflows, whatever thread the caller is on.
+fn with_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        let handle = std::thread::Builder::new()
+            .name("adjoint-compiler".into())
+            .stack_size(COMPILER_STACK)
+            .spawn_scoped(s, f)
+            .expect("spawn a compiler thread");
+        match handle.join() {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+}
+
 struct FsLoader;
 
 impl SourceLoader for FsLoader {
@@ -107,7 +128,8 @@ impl Session {
         path: Option<&Path>,
     ) -> Result<Session, SessionError> {
         let root = self.sources.add_file(name, text);
-        match Program::load(&mut self.sources, root, path, &FsLoader) {
+        let sources = &mut self.sources;
+        match with_stack(|| Program::load(sources, root, path, &FsLoader)) {
             Ok(p) => {
                 self.program = Some(p);
                 Ok(self)
@@ -129,7 +151,8 @@ impl Session {
 
     /// Type-checks the program (its `main`, if any).
     pub fn check(&self) -> Result<(), SessionError> {
-        self.program().check().map_err(|d| self.error(d))
+        let program = self.program();
+        with_stack(|| program.check()).map_err(|d| self.error(d))
     }
 
     /// Runs `main`, writing what it prints to `out`.
@@ -141,8 +164,10 @@ impl Session {
                 span,
             )]));
         }
-        self.program()
-            .run_main(out)
+        let program = self.program();
+        let ex = with_stack(|| program.prepare_main()).map_err(|d| self.error(d))?;
+        program
+            .execute_main(&ex, out)
             .map(|_| ())
             .map_err(|d| self.error(d))
     }

@@ -68,12 +68,7 @@ fn main() -> ExitCode {
         eprintln!("error: internal compiler error: {msg}{at}\nplease report this as a bug");
     }));
     let cli = Cli::parse();
-    // Compilation recurses over nested programs; give it a deep stack.
-    let handle = std::thread::Builder::new()
-        .stack_size(1 << 30)
-        .spawn(move || run(cli))
-        .expect("spawn the compiler thread");
-    match handle.join() {
+    match std::panic::catch_unwind(|| run(cli)) {
         Ok(code) => code,
         Err(_) => ExitCode::from(101),
     }

@@ -85,8 +85,8 @@ impl Program {
         )
     }
 
-    /// Runs `main` (type-checked first), writing what it prints to `out`.
-    pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<Value, Vec<Diagnostic>> {
+    /// Type-checks `main` and compiles it for the VM.
+    pub fn prepare_main(&self) -> Result<Executable, Vec<Diagnostic>> {
         let Some(main) = self.function("main") else {
             return Err(vec![Diagnostic::error(
                 "this program has no `main` function",
@@ -94,8 +94,24 @@ impl Program {
             )]);
         };
         self.infer_entry(main)?;
-        let ex = exec::compile(&self.lowered.module, &[main])
-            .map_err(|e| vec![located(e.message, e.loc, self.root)])?;
+        exec::compile(&self.lowered.module, &[main])
+            .map_err(|e| vec![located(e.message, e.loc, self.root)])
+    }
+
+    /// Runs `main` (type-checked first), writing what it prints to `out`.
+    pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<Value, Vec<Diagnostic>> {
+        let ex = self.prepare_main()?;
+        self.execute_main(&ex, out)
+    }
+
+    /// Runs `main` from a prepared executable. The VM keeps its frames on
+    /// the heap, so this needs no special stack.
+    pub fn execute_main(
+        &self,
+        ex: &Executable,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Value, Vec<Diagnostic>> {
+        let main = self.function("main").expect("prepared");
         let f = ex.function(main).expect("main is compiled");
         let mut vm = Vm::new(&ex.program, out);
         let r = vm.call(&f, vec![Value::Io]);
@@ -106,7 +122,7 @@ impl Program {
                 Value::Tuple(t) if t.len() == 2 => t[1].clone(),
                 v => v,
             }),
-            Err(e) => Err(vec![vm_diagnostic(&e, &ex, self.root)]),
+            Err(e) => Err(vec![vm_diagnostic(&e, ex, self.root)]),
         }
     }
 }

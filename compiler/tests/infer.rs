@@ -944,3 +944,18 @@ fn arange_of_a_float_literal() {
     let types = ir.infer(main, &[]).unwrap();
     assert_eq!(types.result().to_string(), "f32[3]");
 }
+
+#[test]
+fn dead_code_is_typed_too() {
+    // fn main(x) { let unused = x * 2.0; let bad = x @ x; x }
+    let mut ir = Ir::default();
+    let (main, p) = ir.graph("main", &["x"]);
+    let two = ir.float(2.0);
+    let unused = ir.prim(main, Prim::Mul, &[p[0], two]);
+    ir.ret(main, p[0]);
+    let types = ir.infer(main, &[t(F32, &[3, 4])]).unwrap();
+    assert_eq!(ir.ty(&types, unused), "f32[3, 4]");
+    let bad = ir.prim(main, Prim::Matmul, &[p[0], p[0]]);
+    let err = ir.infer(main, &[t(F32, &[3, 4])]).unwrap_err();
+    assert_eq!(err.loc, ir.loc_of(bad));
+}

@@ -2,9 +2,12 @@
 //!
 //! Calling a graph with abstract arguments *specialises* it: the graph's
 //! body is evaluated once per signature (graph, arguments, captured
-//! values), and the result is cached. A `switch` on a known condition takes
-//! only the chosen branch; on an unknown condition both branches are
-//! evaluated and their results joined.
+//! values), and the result is cached. A `switch` on a condition known
+//! through specialisation takes only the chosen branch; on an unknown
+//! condition both branches are evaluated and their results joined; on a
+//! condition computed from literals alone (`if true`) both are evaluated,
+//! must have one type, and the taken one gives the result. Dead code (a
+//! value computed and never used) is typed too.
 //!
 //! **Recursion.** A call that reaches a specialisation still in progress
 //! gets that specialisation's current approximation (`Bottom` at first);
@@ -49,17 +52,21 @@ const MAX_ITERATIONS: usize = 64;
 /// Specialisations in all before inference gives up.
 const MAX_SPECS: usize = 200_000;
 /// Stack of the inference thread.
-const STACK_BYTES: usize = 1 << 30;
+const STACK_BYTES: usize = 256 << 20;
+/// Nesting limit when no thread could be started (the caller's stack).
+const MAX_DEPTH_INLINE: usize = 100;
 
 /// Gives the type of the data that `load_npy` or `load_safetensors` will
 /// read from a path known at compile time (for instance by reading the
-/// file's header), or a message saying why it cannot.
+/// file's header): a precise value, [`AbsVal::Unknown`] when it cannot be
+/// known before the program runs, or an error message.
 pub type LoadTypeFn = dyn Fn(Prim, &str) -> Result<AbsVal, String> + Sync;
 
 /// Options of [`infer_module_with`].
 #[derive(Clone, Copy, Default)]
 pub struct InferOptions<'a> {
-    /// How to type loads; without it, loads are a compile-time error.
+    /// How to type loads; without it, loaded data is [`AbsVal::Unknown`]
+    /// (checked when the program runs).
     pub load_type: Option<&'a LoadTypeFn>,
 }
 
@@ -204,7 +211,7 @@ pub fn infer_module_with(
         let spawned = std::thread::Builder::new()
             .name("adjoint-infer".into())
             .stack_size(STACK_BYTES)
-            .spawn_scoped(s, || run(m, entry, args, opts));
+            .spawn_scoped(s, || run(m, entry, args, opts, MAX_DEPTH));
         match spawned {
             Ok(handle) => handle.join().unwrap_or_else(|panic| {
                 let what = panic
@@ -218,7 +225,7 @@ pub fn infer_module_with(
                 ))
             }),
             // No thread: run here (the depth limit still applies).
-            Err(_) => run(m, entry, args, opts),
+            Err(_) => run(m, entry, args, opts, MAX_DEPTH_INLINE),
         }
     })
 }
@@ -228,12 +235,16 @@ fn run(
     entry: GraphId,
     args: &[AbsVal],
     opts: &InferOptions,
+    max_depth: usize,
 ) -> Result<Types, InferError> {
     let mut interp = Interp {
         m,
         opts,
+        max_depth,
         fv: free_variables(m),
         bodies: HashMap::new(),
+        owned: HashMap::new(),
+        dead: HashMap::new(),
         specs: Vec::new(),
         cache: HashMap::new(),
         frames: Vec::new(),
@@ -302,8 +313,13 @@ type Key = (GraphId, Vec<AbsVal>, Vec<AbsVal>);
 struct Interp<'a> {
     m: &'a Module,
     opts: &'a InferOptions<'a>,
+    /// Nesting of specialisations beyond which inference gives up.
+    max_depth: usize,
     fv: FreeVars,
     bodies: HashMap<GraphId, Rc<[NodeId]>>,
+    /// Applications by owning graph, and the dead ones of each graph.
+    owned: HashMap<GraphId, Vec<NodeId>>,
+    dead: HashMap<GraphId, Rc<[NodeId]>>,
     specs: Vec<Entry>,
     cache: HashMap<Key, usize>,
     frames: Vec<Frame>,
@@ -315,6 +331,39 @@ struct Interp<'a> {
 impl<'a> Interp<'a> {
     fn loc(&self, n: NodeId) -> Loc {
         self.m.node(n).loc
+    }
+
+    /// The applications owned by `g` that its output does not depend on
+    /// (dead code: a value computed and never used), in creation order.
+    fn dead(&mut self, g: GraphId) -> Rc<[NodeId]> {
+        if self.owned.is_empty() {
+            for (i, node) in self.m.nodes.iter().enumerate() {
+                if let (Some(h), NodeKind::Apply(_)) = (node.graph, &node.kind) {
+                    self.owned.entry(h).or_default().push(NodeId(i as u32));
+                }
+            }
+        }
+        if let Some(d) = self.dead.get(&g) {
+            return d.clone();
+        }
+        let live: std::collections::HashSet<NodeId> = self.body(g).iter().copied().collect();
+        let d: Rc<[NodeId]> = self
+            .owned
+            .get(&g)
+            .map(|all| all.iter().copied().filter(|n| !live.contains(n)).collect())
+            .unwrap_or_default();
+        self.dead.insert(g, d.clone());
+        d
+    }
+
+    /// Whether every input of `n` has a value here (dead code may use
+    /// values its graph does not capture).
+    fn inputs_available(&self, n: NodeId, values: &HashMap<NodeId, AbsVal>) -> bool {
+        self.m.inputs(n).iter().all(|i| match self.m.as_const(*i) {
+            Some(Const::Graph(h)) => self.fv.get(*h).iter().all(|v| values.contains_key(v)),
+            Some(_) => true,
+            None => values.contains_key(i),
+        })
     }
 
     fn body(&mut self, g: GraphId) -> Rc<[NodeId]> {
@@ -416,7 +465,7 @@ impl<'a> Interp<'a> {
                 id
             }
         };
-        if self.frames.len() >= MAX_DEPTH {
+        if self.frames.len() >= self.max_depth {
             return Err(InferError::new(
                 site_loc,
                 "program too deeply nested for type inference",
@@ -555,6 +604,18 @@ impl<'a> Interp<'a> {
             values.insert(n, v);
         }
         let result = self.value_of(out, &values, g)?;
+        // Dead code is typed too: its errors are errors, and later checks
+        // (the dtype of reassigned variables) read its types.
+        for &n in self.dead(g).iter() {
+            if !self.inputs_available(n, &values) {
+                continue;
+            }
+            let (v, called) = self.eval_apply(n, &values)?;
+            if !called.is_empty() {
+                calls.insert(n, called);
+            }
+            values.insert(n, v);
+        }
         Ok((result, values, calls))
     }
 
@@ -575,14 +636,16 @@ impl<'a> Interp<'a> {
                     match values.get(v) {
                         Some(AbsVal::Bottom) => return Ok(AbsVal::Bottom),
                         Some(x) => captures.push(x.clone()),
-                        None => return Err(InferError::new(
-                            self.loc(n),
-                            format!(
+                        None => {
+                            return Err(InferError::new(
+                                self.loc(n),
+                                format!(
                                 "internal error: free variable {v} of @{} is not available in @{}",
                                 self.m.graph(*h).name,
                                 self.m.graph(g).name
                             ),
-                        )),
+                            ))
+                        }
                     }
                 }
                 Ok(AbsVal::Func(vec![Closure::Graph {

@@ -19,7 +19,7 @@ use super::eval::LoadTypeFn;
 use super::provenance::{self, same_expr};
 use super::InferError;
 use crate::ir::{Const, Loc, Module, NodeId};
-use crate::prim::Prim;
+use crate::prim::{Category, Prim};
 
 /// Why a rule failed: a message for the application's location, or an
 /// error raised inside a function the rule called (`tree_map`).
@@ -85,40 +85,43 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
     }
     let op = p.name();
     match p {
-        Prim::Neg
-        | Prim::Exp
+        // Element-wise, with the folding of known int and bool elements.
+        Prim::Neg => unary(p, &args[0], Some(i64::wrapping_neg)),
+        Prim::Abs => unary(p, &args[0], Some(i64::wrapping_abs)),
+        Prim::Sign => unary(p, &args[0], Some(i64::signum)),
+        Prim::Relu => unary(p, &args[0], Some(|v| v.max(0))),
+        Prim::Floor | Prim::Ceil => unary(p, &args[0], Some(|v| v)),
+        Prim::Not => unary(p, &args[0], Some(|v| (v == 0) as i64)),
+        Prim::Exp
         | Prim::Log
         | Prim::Log1p
         | Prim::Sin
         | Prim::Cos
         | Prim::Tanh
         | Prim::Sigmoid
-        | Prim::Relu
         | Prim::Sqrt
         | Prim::Rsqrt
-        | Prim::Abs
-        | Prim::Sign
-        | Prim::Floor
-        | Prim::Ceil
         | Prim::Lgamma
-        | Prim::Erf
-        | Prim::Not => unary(p, &args[0]),
-        Prim::Add
-        | Prim::Sub
-        | Prim::Mul
-        | Prim::Div
-        | Prim::Pow
-        | Prim::Rem
-        | Prim::Maximum
-        | Prim::Minimum
-        | Prim::Eq
-        | Prim::Ne
-        | Prim::Lt
-        | Prim::Le
-        | Prim::Gt
-        | Prim::Ge
-        | Prim::And
-        | Prim::Or => binary(p, &args[0], &args[1]),
+        | Prim::Erf => unary(p, &args[0], None),
+        Prim::Add => binary(p, args, |a, b| Some(a.wrapping_add(b))),
+        Prim::Sub => binary(p, args, |a, b| Some(a.wrapping_sub(b))),
+        Prim::Mul => binary(p, args, |a, b| Some(a.wrapping_mul(b))),
+        // Not folded where the kernel fails: division by zero, negative powers.
+        Prim::Div => binary(p, args, |a, b| (b != 0).then(|| a.wrapping_div(b))),
+        Prim::Rem => binary(p, args, |a, b| (b != 0).then(|| a.wrapping_rem(b))),
+        Prim::Pow => binary(p, args, |a, b| {
+            u32::try_from(b).ok().map(|b| a.wrapping_pow(b))
+        }),
+        Prim::Maximum => binary(p, args, |a, b| Some(a.max(b))),
+        Prim::Minimum => binary(p, args, |a, b| Some(a.min(b))),
+        Prim::Eq => binary(p, args, |a, b| Some((a == b) as i64)),
+        Prim::Ne => binary(p, args, |a, b| Some((a != b) as i64)),
+        Prim::Lt => binary(p, args, |a, b| Some((a < b) as i64)),
+        Prim::Le => binary(p, args, |a, b| Some((a <= b) as i64)),
+        Prim::Gt => binary(p, args, |a, b| Some((a > b) as i64)),
+        Prim::Ge => binary(p, args, |a, b| Some((a >= b) as i64)),
+        Prim::And => binary(p, args, |a, b| Some((a != 0 && b != 0) as i64)),
+        Prim::Or => binary(p, args, |a, b| Some((a != 0 || b != 0) as i64)),
         Prim::Where => where_(&args[0], &args[1], &args[2]),
         Prim::Cast => cast(&args[0], &args[1]),
         Prim::Sum | Prim::Mean | Prim::Max | Prim::Min | Prim::Prod | Prim::Argmax => {
@@ -151,7 +154,8 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
                 .and_then(|v| small(&shape).then(|| broadcast_values(&shape, &x.shape, v)));
             Ok(like(x, shape, value.map(Arc::from)))
         }
-        Prim::Concat | Prim::Stack => concat_or_stack(p, &args[0], &args[1]),
+        Prim::Concat => join_along(op, args, shape::concat),
+        Prim::Stack => join_along(op, args, shape::stack),
         Prim::ExpandDims => {
             let x = tensor(op, &args[0])?;
             let axis = known_int(op, "axis", &args[1])?;
@@ -176,7 +180,9 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             Ok(like(x, shape, None))
         }
         Prim::Index => index(ctx, &args[0], &args[1..]),
-        Prim::Matmul | Prim::Dot | Prim::Outer => contract(p, &args[0], &args[1]),
+        Prim::Matmul => contract("`@`", args, shape::matmul),
+        Prim::Dot => contract(op, args, shape::dot),
+        Prim::Outer => contract(op, args, shape::outer),
         Prim::Shape => {
             let x = tensor(op, &args[0])?;
             Ok(AbsVal::Tuple(
@@ -191,10 +197,15 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             Ok(AbsVal::int(shape::size(&x.shape) as i64, true))
         }
         Prim::DTypeOf => Ok(AbsVal::DType(tensor(op, &args[0])?.dtype)),
-        Prim::Zeros | Prim::Ones => {
+        Prim::Zeros => {
             let shape = known_shape(op, &args[0])?;
             let d = opt_dtype(op, &args[1])?.unwrap_or(DType::F32);
-            Ok(filled(d, shape, Some((p == Prim::Ones) as i64)))
+            Ok(filled(d, shape, Some(0)))
+        }
+        Prim::Ones => {
+            let shape = known_shape(op, &args[0])?;
+            let d = opt_dtype(op, &args[1])?.unwrap_or(DType::F32);
+            Ok(filled(d, shape, Some(1)))
         }
         Prim::Full => {
             let shape = known_shape(op, &args[0])?;
@@ -210,13 +221,8 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
                 .filter(|_| !v.dtype.is_float() && v.shape.is_empty());
             Ok(filled(d, shape, fill))
         }
-        Prim::ZerosLike | Prim::OnesLike => {
-            let x = tensor(op, &args[0])?;
-            let fill = (p == Prim::OnesLike) as i64;
-            let n = shape::size(&x.shape);
-            let value = small(&x.shape).then(|| Arc::from(vec![wrap(x.dtype, fill); n]));
-            Ok(like(x, x.shape.clone(), value))
-        }
+        Prim::ZerosLike => fill_like(op, &args[0], 0),
+        Prim::OnesLike => fill_like(op, &args[0], 1),
         Prim::Arange => {
             // A negative length gives an empty range, as in the kernel; a
             // float length `n` gives `ceil(n)` floats.
@@ -343,19 +349,19 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
     }
 }
 
-/// Primitives whose rule accepts `Unknown` arguments.
+/// Primitives whose rule accepts `Unknown` arguments: those that build
+/// structures, select a branch, or thread the IO token.
 fn keeps_unknown(p: Prim) -> bool {
-    matches!(
-        p,
-        Prim::MakeTuple
-            | Prim::MakeRecord
-            | Prim::Switch
-            | Prim::Print
-            | Prim::SaveNpy
-            | Prim::SaveSafetensors
-            | Prim::LoadNpy
-            | Prim::LoadSafetensors
-    )
+    match p.category() {
+        Category::Io => true,
+        Category::Control => p == Prim::Switch,
+        Category::Struct => p == Prim::MakeTuple || p == Prim::MakeRecord,
+        Category::Map
+        | Category::Reindex
+        | Category::Reduce
+        | Category::Contract
+        | Category::Create => false,
+    }
 }
 
 fn check_arity(p: Prim, n: usize) -> Result<(), RuleError> {
@@ -401,6 +407,16 @@ fn filled(d: DType, shape: Vec<usize>, fill: Option<i64>) -> AbsVal {
         Some(v) if n <= MAX_CONST_ELEMS => t.with_value(vec![v; n]),
         _ => t,
     })
+}
+
+/// `x`'s type (weak flag included) filled with `v`.
+fn fill_like(op: &str, x: &AbsVal, v: i64) -> Rule {
+    let x = tensor(op, x)?;
+    let mut t = AbsTensor::new(x.dtype, x.shape.clone(), x.weak);
+    if small(&x.shape) {
+        t = t.with_value(vec![v; shape::size(&x.shape)]);
+    }
+    Ok(AbsVal::Tensor(t))
 }
 
 fn int_scalar<'v>(op: &str, what: &str, v: &'v AbsVal) -> Result<&'v AbsTensor, RuleError> {
@@ -535,50 +551,17 @@ fn io_token(op: &str, v: &AbsVal) -> Result<(), RuleError> {
 // ---------------------------------------------------------------------------
 // Element-wise primitives
 
-fn unary(p: Prim, x: &AbsVal) -> Rule {
+/// An element-wise unary primitive; `fold` computes known int and bool
+/// elements when the dtype does not change.
+fn unary(p: Prim, x: &AbsVal, fold: Option<fn(i64) -> i64>) -> Rule {
     let op = p.name();
     let x = tensor(op, x)?;
     let (d, w) = dtype::unary_result(op, x.weak_dtype())?;
     let mut out = AbsTensor::new(d, x.shape.clone(), w);
-    if let (Some(v), true) = (&x.value, d == x.dtype) {
-        let f: Option<fn(i64) -> i64> = match p {
-            Prim::Neg => Some(i64::wrapping_neg),
-            Prim::Abs => Some(i64::wrapping_abs),
-            Prim::Sign => Some(i64::signum),
-            Prim::Relu => Some(|v| v.max(0)),
-            Prim::Floor | Prim::Ceil => Some(|v| v),
-            Prim::Not => Some(|v| (v == 0) as i64),
-            _ => None,
-        };
-        if let Some(f) = f {
-            out = out.with_value(v.iter().map(|&e| f(e)).collect());
-        }
+    if let (Some(v), Some(f), true) = (&x.value, fold, d == x.dtype) {
+        out = out.with_value(v.iter().map(|&e| f(e)).collect());
     }
     Ok(AbsVal::Tensor(out))
-}
-
-/// The folding function of an int or bool binary primitive; `None` for a
-/// result the kernels would reject (division by zero, negative power).
-fn int_op(p: Prim) -> Option<fn(i64, i64) -> Option<i64>> {
-    Some(match p {
-        Prim::Add => |a: i64, b: i64| Some(a.wrapping_add(b)),
-        Prim::Sub => |a: i64, b: i64| Some(a.wrapping_sub(b)),
-        Prim::Mul => |a: i64, b: i64| Some(a.wrapping_mul(b)),
-        Prim::Div => |a: i64, b: i64| (b != 0).then(|| a.wrapping_div(b)),
-        Prim::Rem => |a: i64, b: i64| (b != 0).then(|| a.wrapping_rem(b)),
-        Prim::Pow => |a: i64, b: i64| u32::try_from(b).ok().map(|b| a.wrapping_pow(b)),
-        Prim::Maximum => |a: i64, b: i64| Some(a.max(b)),
-        Prim::Minimum => |a: i64, b: i64| Some(a.min(b)),
-        Prim::Eq => |a: i64, b: i64| Some((a == b) as i64),
-        Prim::Ne => |a: i64, b: i64| Some((a != b) as i64),
-        Prim::Lt => |a: i64, b: i64| Some((a < b) as i64),
-        Prim::Le => |a: i64, b: i64| Some((a <= b) as i64),
-        Prim::Gt => |a: i64, b: i64| Some((a > b) as i64),
-        Prim::Ge => |a: i64, b: i64| Some((a >= b) as i64),
-        Prim::And => |a: i64, b: i64| Some((a != 0 && b != 0) as i64),
-        Prim::Or => |a: i64, b: i64| Some((a != 0 || b != 0) as i64),
-        _ => return None,
-    })
 }
 
 /// The index into a tensor of shape `in_shape` of the element that
@@ -609,7 +592,7 @@ fn broadcast_values(out: &[usize], in_shape: &[usize], v: &[i64]) -> Vec<i64> {
 
 /// Folds `f` element-wise over broadcast operands, or `None` if an element
 /// does not fold.
-fn fold(
+fn fold_elements(
     out: &[usize],
     operands: &[(&[usize], &[i64])],
     f: impl Fn(&[i64]) -> Option<i64>,
@@ -628,18 +611,18 @@ fn fold(
         .collect()
 }
 
-fn binary(p: Prim, a: &AbsVal, b: &AbsVal) -> Rule {
+/// An element-wise binary primitive (broadcasting, weak literal typing);
+/// `fold` computes known int and bool elements (`None`: not folded).
+fn binary(p: Prim, args: &[AbsVal], fold: fn(i64, i64) -> Option<i64>) -> Rule {
     let op = p.name();
-    let (x, y) = (tensor(op, a)?, tensor(op, b)?);
+    let (x, y) = (tensor(op, &args[0])?, tensor(op, &args[1])?);
     let (operand, _) = dtype::binary_operands(op, x.weak_dtype(), y.weak_dtype())?;
     let (d, w) = dtype::binary_result(op, x.weak_dtype(), y.weak_dtype())?;
     let shape = shape::broadcast(op, x.ty(), y.ty())?;
     let mut out = AbsTensor::new(d, shape, w);
-    if let (Some(xv), Some(yv), Some(f), false) =
-        (&x.value, &y.value, int_op(p), operand.is_float())
-    {
-        let folded = fold(&out.shape, &[(&x.shape, xv), (&y.shape, yv)], |e| {
-            f(wrap(operand, e[0]), wrap(operand, e[1])).map(|r| wrap(operand, r))
+    if let (Some(xv), Some(yv), false) = (&x.value, &y.value, operand.is_float()) {
+        let folded = fold_elements(&out.shape, &[(&x.shape, xv), (&y.shape, yv)], |e| {
+            fold(wrap(operand, e[0]), wrap(operand, e[1])).map(|r| wrap(operand, r))
         });
         if let Some(v) = folded {
             out = out.with_value(v);
@@ -656,7 +639,7 @@ fn where_(c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
     let mut out = AbsTensor::new(d, shape, w);
     if let (Some(cv), Some(xv), Some(yv), false) = (&c.value, &x.value, &y.value, d.is_float()) {
         let ops = [(&c.shape[..], &cv[..]), (&x.shape, xv), (&y.shape, yv)];
-        if let Some(v) = fold(&out.shape, &ops, |e| {
+        if let Some(v) = fold_elements(&out.shape, &ops, |e| {
             Some(if e[0] != 0 { e[1] } else { e[2] })
         }) {
             out = out.with_value(v);
@@ -695,8 +678,14 @@ fn reduce(p: Prim, x: &AbsVal, axis: &AbsVal, keepdims: &AbsVal) -> Rule {
     Ok(AbsVal::Tensor(AbsTensor::new(d, shape, w)))
 }
 
-fn concat_or_stack(p: Prim, xs: &AbsVal, axis: &AbsVal) -> Rule {
-    let op = p.name();
+/// `concat` or `stack` (shape rule `rule`) of the tuple `args[0]` along
+/// the axis `args[1]`.
+fn join_along(
+    op: &str,
+    args: &[AbsVal],
+    rule: fn(&[TensorTy], i64) -> Result<Vec<usize>, String>,
+) -> Rule {
+    let (xs, axis) = (&args[0], &args[1]);
     let AbsVal::Tuple(items) = xs else {
         return fail(format!("{op}: expected a tuple of tensors, got {xs}"));
     };
@@ -708,11 +697,8 @@ fn concat_or_stack(p: Prim, xs: &AbsVal, axis: &AbsVal) -> Rule {
     let tys: Vec<TensorTy> = ts.iter().map(|t| t.ty()).collect();
     let dts: Vec<(DType, bool)> = ts.iter().map(|t| t.weak_dtype()).collect();
     let (d, w) = dtype::promote_all(op, &dts)?;
-    let (shape, ndim) = if p == Prim::Stack {
-        (shape::stack(&tys, axis)?, tys[0].ndim() + 1)
-    } else {
-        (shape::concat(&tys, axis)?, tys[0].ndim())
-    };
+    let shape = rule(&tys, axis)?;
+    let ndim = shape.len();
     let mut out = AbsTensor::new(d, shape, w);
     // Along the first axis the elements are the operands' one after another.
     if shape::normalize_axis(axis, ndim) == Some(0) && !d.is_float() {
@@ -728,9 +714,13 @@ fn concat_or_stack(p: Prim, xs: &AbsVal, axis: &AbsVal) -> Rule {
     Ok(AbsVal::Tensor(out))
 }
 
-fn contract(p: Prim, a: &AbsVal, b: &AbsVal) -> Rule {
-    let op = if p == Prim::Matmul { "`@`" } else { p.name() };
-    let (x, y) = (tensor(op, a)?, tensor(op, b)?);
+/// A matrix product whose shape rule is `rule`; `op` is its name in messages.
+fn contract(
+    op: &str,
+    args: &[AbsVal],
+    rule: fn(TensorTy, TensorTy) -> Result<Vec<usize>, String>,
+) -> Rule {
+    let (x, y) = (tensor(op, &args[0])?, tensor(op, &args[1])?);
     if x.dtype == DType::Bool || y.dtype == DType::Bool {
         return fail(format!(
             "{op}: expected numeric operands, got {} and {}",
@@ -739,11 +729,7 @@ fn contract(p: Prim, a: &AbsVal, b: &AbsVal) -> Rule {
         ));
     }
     let (d, w) = dtype::promote(op, x.weak_dtype(), y.weak_dtype())?;
-    let shape = match p {
-        Prim::Dot => shape::dot(x.ty(), y.ty())?,
-        Prim::Outer => shape::outer(x.ty(), y.ty())?,
-        _ => shape::matmul(x.ty(), y.ty())?,
-    };
+    let shape = rule(x.ty(), y.ty())?;
     Ok(AbsVal::Tensor(AbsTensor::new(d, shape, w)))
 }
 
@@ -1129,6 +1115,8 @@ mod tests {
             let _ = run(*p, &vec![AbsVal::Io; n]);
             let _ = run(*p, &vec![AbsVal::int(1, true); n]);
             let _ = run(*p, &vec![unit(); n]);
+            let _ = run(*p, &vec![AbsVal::Unknown; n]);
+            let _ = run(*p, &vec![f32s(&[0, 2]); n + 1]);
         }
     }
 

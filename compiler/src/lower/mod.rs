@@ -68,8 +68,6 @@ pub struct Lowered {
     /// Graphs that take the IO token as their last parameter and return
     /// `(io, value)`.
     pub effectful: HashSet<GraphId>,
-    /// Parsed modules, for `emit --stage ast`.
-    pub asts: Vec<(FileId, Rc<ast::Module>)>,
     /// What to check once types are known (annotations, assignments).
     pub checks: Vec<Check>,
 }
@@ -219,7 +217,7 @@ fn user_prim(name: &str) -> Option<Prim> {
 
 const DIFF_NAMES: &[&str] = &["grad", "value_and_grad", "vjp", "jvp", "stop_gradient"];
 
-const MAX_DEPTH: usize = 2000;
+const MAX_DEPTH: usize = 20_000;
 
 impl<'a> Lowerer<'a> {
     /// Parses `root` (already in `sources`) and every module it imports,
@@ -274,12 +272,10 @@ impl<'a> Lowerer<'a> {
         if lw.diags.iter().any(|d| d.is_error()) {
             return Err(lw.diags);
         }
-        let asts = lw.mods.iter().map(|m| (m.file, m.ast.clone())).collect();
         Ok(Lowered {
             module: lw.m,
             functions,
             effectful: lw.effectful_graphs,
-            asts,
             checks: lw.checks,
         })
     }
