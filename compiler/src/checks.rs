@@ -21,6 +21,18 @@ pub enum Check {
         ty: TypeExpr,
         what: String,
     },
+    /// A differentiated argument must be made of floats.
+    DiffArg {
+        node: NodeId,
+        what: String,
+        loc: crate::ir::Loc,
+    },
+    /// `grad` needs a scalar float result.
+    ScalarOutput {
+        node: NodeId,
+        what: String,
+        loc: crate::ir::Loc,
+    },
     /// `name` held `old` and is reassigned `new` at `span`.
     Assign {
         name: String,
@@ -79,6 +91,41 @@ pub fn run(checks: &[Check], m: &Module, types: &Types) -> Vec<Diagnostic> {
                     );
                 }
             }
+            Check::DiffArg { node, what, loc } => {
+                let Some(v) = value(m, types, *node) else {
+                    continue;
+                };
+                if let Some(bad) = non_float(&v) {
+                    out.push(
+                        Diagnostic::error(
+                            format!("cannot differentiate with respect to {what}: it is {bad}"),
+                            span_of(*loc).unwrap_or(Span::point(adjoint_lang::FileId(0), 0)),
+                        )
+                        .with_note("ints, bools and strings carry no derivative; pass a float or leave it out of argnums"),
+                    );
+                }
+            }
+            Check::ScalarOutput { node, what, loc } => {
+                let Some(v) = value(m, types, *node) else {
+                    continue;
+                };
+                let ok = match &v {
+                    AbsVal::Tensor(t) => t.shape.is_empty() && t.dtype.is_float(),
+                    AbsVal::Unknown | AbsVal::Bottom => true,
+                    _ => false,
+                };
+                if !ok {
+                    out.push(
+                        Diagnostic::error(
+                            format!(
+                                "`grad` needs {what} to return a float scalar, but it returns {v}"
+                            ),
+                            span_of(*loc).unwrap_or(Span::point(adjoint_lang::FileId(0), 0)),
+                        )
+                        .with_note("use `vjp` for functions with non-scalar results"),
+                    );
+                }
+            }
             Check::Assign {
                 name,
                 old,
@@ -122,6 +169,18 @@ fn value(m: &Module, types: &Types, n: NodeId) -> Option<AbsVal> {
         Some(Const::Bool(b)) => Some(AbsVal::bool(*b)),
         Some(_) => None,
         None => types.value_of(n),
+    }
+}
+
+/// The type of the first non-float leaf of `v`, if any.
+fn non_float(v: &AbsVal) -> Option<String> {
+    match v {
+        AbsVal::Tensor(t) if t.dtype.is_float() => None,
+        AbsVal::Tensor(_) => Some(v.to_string()),
+        AbsVal::Tuple(items) => items.iter().find_map(non_float),
+        AbsVal::Record(fields) => fields.iter().find_map(|(_, x)| non_float(x)),
+        AbsVal::Unknown | AbsVal::Bottom => None,
+        other => Some(other.to_string()),
     }
 }
 

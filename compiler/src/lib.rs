@@ -1,3 +1,4 @@
+pub mod ad;
 pub mod checks;
 pub mod exec;
 pub mod infer;

@@ -25,9 +25,27 @@ impl Program {
         root_path: Option<&Path>,
         loader: &dyn SourceLoader,
     ) -> Result<Program, Vec<Diagnostic>> {
-        let lowered = Lowerer::lower_program(sources, root, root_path, loader)?;
+        let mut lowered = Lowerer::lower_program(sources, root, root_path, loader)?;
+        if !lowered.ad_requests.is_empty() {
+            let requests = std::mem::take(&mut lowered.ad_requests);
+            let checks = crate::ad::run(
+                &mut lowered.module,
+                &requests,
+                &lowered.ad_rules,
+                &lowered.effectful,
+            )
+            .map_err(|e| {
+                let mut d = located(e.message, e.loc, root);
+                if let Some(n) = e.note {
+                    d = d.with_note(n);
+                }
+                vec![d]
+            })?;
+            lowered.checks.extend(checks);
+        }
         #[cfg(debug_assertions)]
-        if let Err(errors) = crate::ir::verify::verify(&lowered.module) {
+        let roots: Vec<GraphId> = lowered.functions.iter().map(|(_, g)| *g).collect();
+        if let Err(errors) = crate::ir::verify::verify_reachable(&lowered.module, &roots) {
             let span = Span::point(root, 0);
             return Err(vec![Diagnostic::error(
                 format!(

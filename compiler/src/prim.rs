@@ -194,6 +194,44 @@ prims! {
     Switch = "switch", Control, &[req("c"), req("a"), req("b")], false, true;
     TreeMap = "tree_map", Control, &[req("f"), req("t")], true, true;
     TreeSum = "tree_sum", Control, &[req("t")], false, true;
+    /// `x`, with a zero derivative (user-facing).
+    StopGradient = "stop_gradient", Control, X, false, true;
+    /// Swaps the last two axes (used by the rule of `@`).
+    MatrixT = "mT", Reindex, X, false, true;
+    /// The derivative of `lgamma`.
+    Digamma = "digamma", Map, X, false, true;
+    // Values made by differentiation. Cotangents that are known to be zero
+    // are the symbolic zero `zero()`; cotangents of free variables travel in
+    // environments keyed by the forward node's id.
+    Zero = "zero", Struct, NONE, false, true;
+    IsZero = "is_zero", Struct, X, false, false;
+    /// Adds two cotangents of the same structure; `zero()` is the identity.
+    GAdd = "gadd", Struct, XY, false, true;
+    EnvSetitem = "env_setitem", Struct, &[req("env"), req("key"), req("v")], false, true;
+    /// `zero()` when the key is absent.
+    EnvGetitem = "env_getitem", Struct, &[req("env"), req("key")], false, true;
+    /// Replaces symbolic zeros in cotangent `d` by zeros shaped like `x`.
+    GradFinalize = "grad_finalize", Struct, &[req("d"), req("x")], false, true;
+    /// Sums `x` down to the shape of `like` (undoes broadcasting).
+    SumTo = "sum_to", Reduce, &[req("x"), req("like")], false, true;
+    /// A float mask of the first extremal element along the reduced axes.
+    ExtremumMask = "extremum_mask", Reduce, &[req("x"), req("axis"), req("is_min")], false, false;
+    /// `transpose(d, inverse of perm)`.
+    TransposeGrad = "transpose_grad", Reindex, &[req("d"), req("perm")], false, true;
+    /// Cuts `d` into pieces shaped like the elements of tuple `xs` along `axis`.
+    SplitLike = "split_like", Reindex, &[req("d"), req("xs"), req("axis")], false, true;
+    /// The slices of `d` along `axis`, as a tuple.
+    Unstack = "unstack", Reindex, &[req("d"), req("axis")], false, true;
+    /// Zeros shaped like `x` with `d` added at `take(x, idx, axis)`'s positions.
+    TakeGrad = "take_grad", Reindex, &[req("x"), req("idx"), req("axis"), req("d")], false, true;
+    /// `index_grad(x, d, c0, ..)`: zeros like `x` with `d` at `x[c0, ..]`.
+    IndexGrad = "index_grad", Reindex, &[req("x"), req("d")], true, true;
+    /// A tuple of zeros shaped like tuple `t` with `d` at position `i`.
+    TupleGrad = "tuple_grad", Struct, &[req("t"), req("i"), req("d")], false, true;
+    /// A record of zeros shaped like `r` with `d` in field `name`.
+    RecordGrad = "record_grad", Struct, &[req("r"), req("name"), req("d")], false, true;
+    /// Every leaf of tree `t` filled with scalar `d` (the rule of `tree_sum`).
+    TreeFill = "tree_fill", Struct, &[req("t"), req("d")], false, true;
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;
     LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;

@@ -959,3 +959,286 @@ fn dead_code_is_typed_too() {
     let err = ir.infer(main, &[t(F32, &[3, 4])]).unwrap_err();
     assert_eq!(err.loc, ir.loc_of(bad));
 }
+
+#[test]
+fn differentiation_helpers_on_tensors() {
+    let mut ir = Ir::default();
+    let (main, p) = ir.graph("main", &["x", "b", "idx"]);
+    let (x, b, idx) = (p[0], p[1], p[2]);
+    let (zero_i, one, two, u) = (ir.int(0), ir.int(1), ir.int(2), ir.unit());
+    let no = ir.konst(Const::Bool(false));
+    let st = ir.prim(main, Prim::StopGradient, &[x]);
+    let mt = ir.prim(main, Prim::MatrixT, &[x]);
+    let dg = ir.prim(main, Prim::Digamma, &[x]);
+    let dg2 = ir.prim(main, Prim::Digamma, &[two]);
+    let s = ir.prim(main, Prim::SumTo, &[x, b]);
+    let sb = ir.prim(main, Prim::SumTo, &[x, x]);
+    let mask = ir.prim(main, Prim::ExtremumMask, &[x, one, no]);
+    let mask_all = ir.prim(main, Prim::ExtremumMask, &[x, u, no]);
+    let perm = ir.prim(main, Prim::TensorLiteral, &[one, zero_i]);
+    let tg = ir.prim(main, Prim::TransposeGrad, &[mt, perm]);
+    let tg2 = ir.prim(main, Prim::TransposeGrad, &[mt, u]);
+    let xs = ir.prim(main, Prim::MakeTuple, &[x, mt]);
+    let xs2 = ir.prim(main, Prim::MakeTuple, &[x, x]);
+    let c = ir.prim(main, Prim::Concat, &[xs2, zero_i]);
+    let sp = ir.prim(main, Prim::SplitLike, &[c, xs2, zero_i]);
+    let un = ir.prim(main, Prim::Unstack, &[x, one]);
+    let tk = ir.prim(main, Prim::Take, &[x, idx, one]);
+    let tkg = ir.prim(main, Prim::TakeGrad, &[x, idx, one, tk]);
+    let tkf = ir.prim(main, Prim::Take, &[x, idx, u]);
+    let tkfg = ir.prim(main, Prim::TakeGrad, &[x, idx, u, tkf]);
+    let ix = ir.prim(main, Prim::Index, &[x, one]);
+    let ixg = ir.prim(main, Prim::IndexGrad, &[x, ix, one]);
+    let slice = ir.prim(main, Prim::MakeTuple, &[zero_i, two]);
+    let all = ir.prim(main, Prim::MakeTuple, &[u, u]);
+    let ix2 = ir.prim(main, Prim::Index, &[x, all, slice]);
+    let ixg2 = ir.prim(main, Prim::IndexGrad, &[x, ix2, all, slice]);
+    let out = ir.prim(main, Prim::MakeTuple, &[st, xs, sp]);
+    ir.ret(main, out);
+    let types = ir
+        .infer(main, &[t(F32, &[2, 3]), t(F32, &[3]), t(I64, &[4])])
+        .unwrap();
+    let cases = [
+        (st, "f32[2, 3]"),
+        (mt, "f32[3, 2]"),
+        (dg, "f32[2, 3]"),
+        (dg2, "f64[]"),
+        (s, "f32[3]"),
+        (sb, "f32[2, 3]"),
+        (mask, "f32[2, 3]"),
+        (mask_all, "f32[2, 3]"),
+        (tg, "f32[2, 3]"),
+        (tg2, "f32[2, 3]"),
+        (sp, "(f32[2, 3], f32[2, 3])"),
+        (un, "(f32[2], f32[2], f32[2])"),
+        (tk, "f32[2, 4]"),
+        (tkg, "f32[2, 3]"),
+        (tkf, "f32[4]"),
+        (tkfg, "f32[2, 3]"),
+        (ixg, "f32[2, 3]"),
+        (ix2, "f32[2, 2]"),
+        (ixg2, "f32[2, 3]"),
+    ];
+    for (n, want) in cases {
+        assert_eq!(ir.ty(&types, n), want);
+    }
+    assert_eq!(types.value_of(dg2), Some(AbsVal::weak_scalar(F64)));
+    // The gradients of an int tensor keep its dtype; weak stays weak.
+    let mut ir = Ir::default();
+    let (g, q) = ir.graph("ints", &["x", "b", "idx"]);
+    let one = ir.int(1);
+    let s = ir.prim(g, Prim::SumTo, &[q[0], q[1]]);
+    let sw = ir.prim(g, Prim::SumTo, &[q[1], q[1]]);
+    let tk = ir.prim(g, Prim::Take, &[q[0], q[2], one]);
+    let tkg = ir.prim(g, Prim::TakeGrad, &[q[0], q[2], one, tk]);
+    let out = ir.prim(g, Prim::MakeTuple, &[s, sw, tkg]);
+    ir.ret(g, out);
+    let w = AbsVal::Tensor(adjoint_compiler::infer::AbsTensor::new(I64, vec![3], true));
+    let types = ir.infer(g, &[t(I64, &[2, 3]), w, t(I64, &[4])]).unwrap();
+    assert_eq!(types.result().to_string(), "(i64[3], i64[3], i64[2, 3])");
+    assert!(!types.value_of(s).unwrap().as_tensor().unwrap().weak);
+    assert!(types.value_of(sw).unwrap().as_tensor().unwrap().weak);
+}
+
+#[test]
+fn differentiation_helpers_report_shape_errors() {
+    let check = |build: &dyn Fn(&mut Ir, GraphId, &[NodeId]) -> NodeId, want: &str| {
+        let mut ir = Ir::default();
+        let (main, p) = ir.graph("main", &["x", "b"]);
+        let n = build(&mut ir, main, &p);
+        ir.ret(main, n);
+        let err = ir
+            .infer(main, &[t(F32, &[2, 3]), t(F32, &[2])])
+            .unwrap_err();
+        assert_eq!(err.message, want);
+        assert_eq!(err.loc, ir.loc_of(n));
+    };
+    check(
+        &|ir, g, p| ir.prim(g, Prim::SumTo, &[p[0], p[1]]),
+        "sum_to: cannot sum f32[2, 3] to the shape of f32[2]",
+    );
+    check(
+        &|ir, g, p| ir.prim(g, Prim::MatrixT, &[p[1]]),
+        "mT: expected at least 2 dimensions, got f32[2]",
+    );
+    check(
+        &|ir, g, p| {
+            let i = ir.int(0);
+            let idx = ir.prim(g, Prim::TensorLiteral, &[i]);
+            ir.prim(g, Prim::TakeGrad, &[p[0], idx, i, p[1]])
+        },
+        "take_grad: the gradient f32[2] does not match the shape [1, 3] of take",
+    );
+    check(
+        &|ir, g, p| {
+            let i = ir.int(1);
+            ir.prim(g, Prim::IndexGrad, &[p[0], p[1], i])
+        },
+        "index_grad: the gradient f32[2] does not match the shape [3] of the index",
+    );
+    check(
+        &|ir, g, p| {
+            let i = ir.int(2);
+            ir.prim(g, Prim::IndexGrad, &[p[0], p[1], i])
+        },
+        "index 2 is out of range for axis 0 of size 2",
+    );
+    check(
+        &|ir, g, p| {
+            let xs = ir.prim(g, Prim::MakeTuple, &[p[0], p[0]]);
+            let i = ir.int(1);
+            ir.prim(g, Prim::SplitLike, &[p[0], xs, i])
+        },
+        "split_like: the pieces have 6 elements along axis 1, but f32[2, 3] has 3",
+    );
+    check(
+        &|ir, g, p| {
+            let i = ir.int(2);
+            ir.prim(g, Prim::Unstack, &[p[0], i])
+        },
+        "unstack: axis 2 is out of range for f32[2, 3]",
+    );
+    check(
+        &|ir, g, p| {
+            let i = ir.int(0);
+            ir.prim(g, Prim::TransposeGrad, &[p[0], i])
+        },
+        "transpose_grad: [0] is not a permutation of the 2 axes of f32[2, 3]",
+    );
+    check(
+        &|ir, g, p| {
+            let t = ir.prim(g, Prim::MakeTuple, &[p[0]]);
+            let i = ir.int(1);
+            ir.prim(g, Prim::TupleGrad, &[t, i, p[1]])
+        },
+        "tuple_grad: index 1 is out of range for a tuple of 1",
+    );
+    check(
+        &|ir, g, p| {
+            let t = ir.prim(g, Prim::MakeTuple, &[p[0]]);
+            ir.prim(g, Prim::TreeFill, &[t, p[1]])
+        },
+        "tree_fill: expected a scalar, got f32[2]",
+    );
+}
+
+#[test]
+fn cotangent_structures_and_symbolic_zeros() {
+    let mut ir = Ir::default();
+    let (main, p) = ir.graph("main", &["x", "b", "s"]);
+    let (x, b, s) = (p[0], p[1], p[2]);
+    let (nw, nb, name) = (ir.string("w"), ir.string("b"), ir.string("name"));
+    let (zero_i, one, neg1) = (ir.int(0), ir.int(1), ir.int(-1));
+    let z = ir.prim(main, Prim::Zero, &[]);
+    let isz = ir.prim(main, Prim::IsZero, &[z]);
+    let isx = ir.prim(main, Prim::IsZero, &[x]);
+    let a1 = ir.prim(main, Prim::GAdd, &[z, x]);
+    let a2 = ir.prim(main, Prim::GAdd, &[x, z]);
+    let a3 = ir.prim(main, Prim::GAdd, &[z, z]);
+    let a4 = ir.prim(main, Prim::GAdd, &[x, b]);
+    let lit = ir.float(1.0);
+    let a5 = ir.prim(main, Prim::GAdd, &[lit, x]);
+    let t1 = ir.prim(main, Prim::MakeTuple, &[x, z]);
+    let t2 = ir.prim(main, Prim::MakeTuple, &[z, b]);
+    let a6 = ir.prim(main, Prim::GAdd, &[t1, t2]);
+    let r1 = ir.prim(main, Prim::MakeRecord, &[nw, x, nb, z]);
+    let r2 = ir.prim(main, Prim::MakeRecord, &[nb, b, nw, z]);
+    let a7 = ir.prim(main, Prim::GAdd, &[r1, r2]);
+    // Structures that do not match are left to the kernel.
+    let a8 = ir.prim(main, Prim::GAdd, &[x, t1]);
+    let e1 = ir.prim(main, Prim::EnvSetitem, &[z, one, x]);
+    let e2 = ir.prim(main, Prim::EnvGetitem, &[e1, one]);
+    let fwd = ir.prim(main, Prim::MakeRecord, &[nw, x, nb, b, name, s]);
+    let tup = ir.prim(main, Prim::MakeTuple, &[x, fwd, s]);
+    let f1 = ir.prim(main, Prim::GradFinalize, &[z, tup]);
+    let f2 = ir.prim(main, Prim::GradFinalize, &[a1, x]);
+    let tg = ir.prim(main, Prim::TupleGrad, &[tup, one, b]);
+    let tg2 = ir.prim(main, Prim::TupleGrad, &[tup, neg1, b]);
+    let rg = ir.prim(main, Prim::RecordGrad, &[fwd, nb, b]);
+    let u = ir.unit();
+    let no = ir.konst(Const::Bool(false));
+    let total = ir.prim(main, Prim::Sum, &[x, u, no]);
+    let params = ir.prim(main, Prim::MakeRecord, &[nw, x, nb, b]);
+    let fill = ir.prim(main, Prim::TreeFill, &[params, total]);
+    let fill_z = ir.prim(main, Prim::TreeFill, &[params, z]);
+    let out = ir.prim(main, Prim::MakeTuple, &[a1, f1, fill]);
+    ir.ret(main, out);
+    let types = ir
+        .infer(main, &[t(F32, &[2, 3]), t(F32, &[3]), AbsVal::Str(None)])
+        .unwrap();
+    let cases = [
+        (z, "?"),
+        (isz, "bool[]"),
+        (isx, "bool[]"),
+        (a1, "f32[2, 3]"),
+        (a2, "f32[2, 3]"),
+        (a3, "?"),
+        (a4, "f32[2, 3]"),
+        (a5, "f32[2, 3]"),
+        (a6, "(f32[2, 3], f32[3])"),
+        (a7, "{w: f32[2, 3], b: f32[3]}"),
+        (a8, "?"),
+        (e1, "?"),
+        (e2, "?"),
+        (f1, "(f32[2, 3], {w: f32[2, 3], b: f32[3], name: ()}, ())"),
+        (f2, "f32[2, 3]"),
+        (tg, "(?, f32[3], ?)"),
+        (tg2, "(?, ?, f32[3])"),
+        (rg, "{w: ?, b: f32[3], name: ?}"),
+        (fill, "{w: f32[2, 3], b: f32[3]}"),
+        (fill_z, "?"),
+    ];
+    for (n, want) in cases {
+        assert_eq!(ir.ty(&types, n), want);
+    }
+    // is_zero is not folded: the symbolic zero is a run-time notion.
+    assert_eq!(types.value_of(isx).unwrap().const_int(), None);
+}
+
+#[test]
+fn unknown_values_flow_without_false_errors() {
+    // fn main(c, x) {
+    //   let d = if c { zero() } else { x };
+    //   (d, gadd(d, x), tuple_get(zero(), 0), record_get(zero(), "w"),
+    //    zero()(x), tree_sum((d, x)), concat((d, x)), grad_finalize(d, x))
+    // }
+    let mut ir = Ir::default();
+    let (main, p) = ir.graph("main", &["c", "x"]);
+    let (then, _) = ir.graph("main.then", &[]);
+    let z = ir.prim(then, Prim::Zero, &[]);
+    ir.ret(then, z);
+    let (els, _) = ir.graph("main.else", &[]);
+    ir.ret(els, p[1]);
+    let d = ir.if_(main, p[0], then, els);
+    let sum = ir.prim(main, Prim::GAdd, &[d, p[1]]);
+    let z2 = ir.prim(main, Prim::Zero, &[]);
+    let zero_i = ir.int(0);
+    let tg = ir.prim(main, Prim::TupleGet, &[z2, zero_i]);
+    let nw = ir.string("w");
+    let rg = ir.prim(main, Prim::RecordGet, &[z2, nw]);
+    let called = ir.call(main, z2, &[p[1]]);
+    let pair = ir.prim(main, Prim::MakeTuple, &[d, p[1]]);
+    let ts = ir.prim(main, Prim::TreeSum, &[pair]);
+    let cat = ir.prim(main, Prim::Concat, &[pair, zero_i]);
+    let fin = ir.prim(main, Prim::GradFinalize, &[d, p[1]]);
+    let mul = ir.prim(main, Prim::Mul, &[d, p[1]]);
+    let out = ir.prim(
+        main,
+        Prim::MakeTuple,
+        &[d, sum, tg, rg, called, ts, cat, fin, mul],
+    );
+    ir.ret(main, out);
+    let types = ir
+        .infer(main, &[AbsVal::scalar(Bool), t(F32, &[3])])
+        .unwrap();
+    assert_eq!(
+        types.result().to_string(),
+        "(?, f32[3], ?, ?, ?, ?, ?, f32[3], ?)"
+    );
+    // With the condition known, the taken branch's type is kept.
+    let types = ir
+        .infer(main, &[AbsVal::bool(false), t(F32, &[3])])
+        .unwrap();
+    assert_eq!(ir.ty(&types, d), "f32[3]");
+    assert_eq!(ir.ty(&types, ts), "f32[]");
+}

@@ -92,7 +92,7 @@ pub fn promote_all(op: &str, items: &[WeakDType]) -> Result<WeakDType, String> {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum UnaryClass {
     /// Needs a float operand: `exp log log1p sin cos tanh sigmoid sqrt rsqrt
-    /// lgamma erf`. A weak int works in f64 (weak); a strong int is an error.
+    /// lgamma digamma erf`. A weak int works in f64 (weak); a strong int is an error.
     Float,
     /// Any numeric operand, same dtype out: `neg abs sign relu floor ceil`.
     Numeric,
@@ -104,7 +104,7 @@ pub enum UnaryClass {
 pub fn unary_class(op: &str) -> Option<UnaryClass> {
     Some(match op {
         "exp" | "log" | "log1p" | "sin" | "cos" | "tanh" | "sigmoid" | "sqrt" | "rsqrt"
-        | "lgamma" | "erf" => UnaryClass::Float,
+        | "lgamma" | "digamma" | "erf" => UnaryClass::Float,
         "neg" | "abs" | "sign" | "relu" | "floor" | "ceil" => UnaryClass::Numeric,
         "not" => UnaryClass::Logical,
         _ => return None,

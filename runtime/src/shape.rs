@@ -432,6 +432,98 @@ pub fn squeeze(x: TensorTy, axes_: Option<&[i64]>) -> Result<Vec<usize>, String>
         .collect())
 }
 
+/// The result shape of `sum_to(x, like)`: `like`'s shape, which must
+/// broadcast to `x`'s (summing undoes that broadcast).
+pub fn sum_to(x: TensorTy, like: TensorTy) -> Result<Vec<usize>, String> {
+    match broadcast_shapes(like.shape, x.shape) {
+        Some(s) if s == x.shape => Ok(like.shape.to_vec()),
+        _ => Err(format!("sum_to: cannot sum {x} to the shape of {like}")),
+    }
+}
+
+/// The permutation of `mT(x)`: the last two axes swapped (rank >= 2).
+pub fn matrix_t_perm(x: TensorTy) -> Result<Vec<usize>, String> {
+    let n = x.ndim();
+    if n < 2 {
+        return Err(format!("mT: expected at least 2 dimensions, got {x}"));
+    }
+    let mut perm: Vec<usize> = (0..n).collect();
+    perm.swap(n - 2, n - 1);
+    Ok(perm)
+}
+
+/// The result shape of `mT(x)`.
+pub fn matrix_t(x: TensorTy) -> Result<Vec<usize>, String> {
+    let p = matrix_t_perm(x)?;
+    Ok(p.iter().map(|&a| x.shape[a]).collect())
+}
+
+/// The permutation that `transpose_grad(d, perm)` applies to `d` (the
+/// result of `transpose(_, perm)`): the inverse of `perm`, normalised.
+pub fn transpose_grad_perm(d: TensorTy, perm: Option<&[i64]>) -> Result<Vec<usize>, String> {
+    let p = transpose_perm(d, perm).map_err(|e| e.replacen("transpose:", "transpose_grad:", 1))?;
+    let mut inv = vec![0; p.len()];
+    for (i, &a) in p.iter().enumerate() {
+        inv[a] = i;
+    }
+    Ok(inv)
+}
+
+/// The result shape of `transpose_grad(d, perm)`.
+pub fn transpose_grad(d: TensorTy, perm: Option<&[i64]>) -> Result<Vec<usize>, String> {
+    let p = transpose_grad_perm(d, perm)?;
+    Ok(p.iter().map(|&a| d.shape[a]).collect())
+}
+
+/// `split_like(d, xs, axis)`: the normalised axis and the shape of each
+/// piece (`d`'s shape with `xs[i]`'s length along the axis). `d` must be
+/// what `concat(xs, axis)` gives: the same rank as every `xs[i]`, equal
+/// dimensions outside the axis, and the lengths along it adding up.
+pub fn split_like(
+    d: TensorTy,
+    xs: &[TensorTy],
+    axis_: i64,
+) -> Result<(usize, Vec<Vec<usize>>), String> {
+    let op = "split_like";
+    if xs.is_empty() {
+        return Err(format!("{op}: expected at least one tensor"));
+    }
+    let ax = axis(op, axis_, d.ndim(), &d)?;
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(xs.len());
+    for x in xs {
+        let fits = x.ndim() == d.ndim()
+            && x.shape
+                .iter()
+                .zip(d.shape)
+                .enumerate()
+                .all(|(i, (a, b))| i == ax || a == b);
+        if !fits {
+            return Err(format!("{op}: {x} is not a piece of {d} along axis {ax}"));
+        }
+        total = total.saturating_add(x.shape[ax]);
+        let mut s = d.shape.to_vec();
+        s[ax] = x.shape[ax];
+        out.push(s);
+    }
+    if total != d.shape[ax] {
+        return Err(format!(
+            "{op}: the pieces have {total} elements along axis {ax}, but {d} has {}",
+            d.shape[ax]
+        ));
+    }
+    Ok((ax, out))
+}
+
+/// `unstack(d, axis)`: the normalised axis, the number of pieces and the
+/// shape of each (`d`'s without the axis).
+pub fn unstack(d: TensorTy, axis_: i64) -> Result<(usize, usize, Vec<usize>), String> {
+    let ax = axis("unstack", axis_, d.ndim(), &d)?;
+    let mut s = d.shape.to_vec();
+    let n = s.remove(ax);
+    Ok((ax, n, s))
+}
+
 fn require_int(op: &str, what: &str, t: TensorTy) -> Result<(), String> {
     if t.dtype.is_int() {
         Ok(())
@@ -767,5 +859,44 @@ mod tests {
         assert_eq!(normalize_axis(-1, 3), Some(2));
         assert_eq!(normalize_axis(3, 3), None);
         assert_eq!(checked_size(&[usize::MAX, 2]), None);
+    }
+
+    #[test]
+    fn adjoint_rules() {
+        assert_eq!(sum_to(t(&[2, 3, 4]), t(&[3, 1])), Ok(vec![3, 1]));
+        assert_eq!(sum_to(t(&[2, 3]), t(&[])), Ok(vec![]));
+        assert_eq!(sum_to(t(&[2, 3]), t(&[2, 3])), Ok(vec![2, 3]));
+        assert_eq!(
+            sum_to(t(&[3]), t(&[2, 3])).unwrap_err(),
+            "sum_to: cannot sum f32[3] to the shape of f32[2, 3]"
+        );
+        assert!(sum_to(t(&[2, 3]), t(&[2])).is_err());
+        assert_eq!(matrix_t(t(&[2, 3, 4])), Ok(vec![2, 4, 3]));
+        assert_eq!(
+            matrix_t(t(&[3])).unwrap_err(),
+            "mT: expected at least 2 dimensions, got f32[3]"
+        );
+        // transpose(x [2, 3, 4], [1, 2, 0]) is [3, 4, 2]; the gradient goes back.
+        assert_eq!(
+            transpose_grad(t(&[3, 4, 2]), Some(&[1, 2, 0])),
+            Ok(vec![2, 3, 4])
+        );
+        assert_eq!(transpose_grad(t(&[3, 2]), None), Ok(vec![2, 3]));
+        assert!(transpose_grad(t(&[3, 2]), Some(&[0]))
+            .unwrap_err()
+            .starts_with("transpose_grad: "));
+        assert_eq!(
+            split_like(t(&[2, 5]), &[t(&[2, 2]), t(&[2, 3])], -1),
+            Ok((1, vec![vec![2, 2], vec![2, 3]]))
+        );
+        assert!(split_like(t(&[2, 5]), &[t(&[2, 2]), t(&[2, 2])], 1)
+            .unwrap_err()
+            .contains("4 elements along axis 1"));
+        assert!(split_like(t(&[2, 5]), &[t(&[3, 5])], 1)
+            .unwrap_err()
+            .contains("is not a piece"));
+        assert!(split_like(t(&[2, 5]), &[], 0).is_err());
+        assert_eq!(unstack(t(&[2, 3, 4]), 1), Ok((1, 3, vec![2, 4])));
+        assert!(unstack(t(&[]), 0).is_err());
     }
 }

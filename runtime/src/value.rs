@@ -60,6 +60,12 @@ pub enum Value {
     DType(DType),
     /// The IO state token.
     Io,
+    /// A symbolic zero cotangent made by differentiation: "no
+    /// contribution". Adding it to anything gives the other operand.
+    Zero,
+    /// An environment of cotangents for the free variables of a closure,
+    /// keyed by the forward node's id, sorted by key, keys unique.
+    Env(Arc<Vec<(u64, Value)>>),
 }
 
 impl Value {
@@ -130,6 +136,8 @@ impl Value {
             Value::Func(_) => "function".into(),
             Value::DType(_) => "dtype".into(),
             Value::Io => "io".into(),
+            Value::Zero => "zero".into(),
+            Value::Env(_) => "env".into(),
         }
     }
 }
@@ -150,6 +158,8 @@ impl PartialEq for Value {
             (Value::Func(a), Value::Func(b)) => Arc::ptr_eq(a, b),
             (Value::DType(a), Value::DType(b)) => a == b,
             (Value::Io, Value::Io) => true,
+            (Value::Zero, Value::Zero) => true,
+            (Value::Env(a), Value::Env(b)) => a == b,
             _ => false,
         }
     }
@@ -187,6 +197,8 @@ impl fmt::Display for Value {
             Value::Func(_) => write!(f, "<function>"),
             Value::DType(d) => write!(f, "{d}"),
             Value::Io => write!(f, "<io>"),
+            Value::Zero => write!(f, "zero"),
+            Value::Env(_) => write!(f, "<env>"),
         }
     }
 }

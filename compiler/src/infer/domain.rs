@@ -211,6 +211,8 @@ impl AbsVal {
             Value::DType(d) => AbsVal::DType(*d),
             Value::Io => AbsVal::Io,
             Value::Func(_) => return None,
+            // Values made by differentiation have no static type of their own.
+            Value::Zero | Value::Env(_) => AbsVal::Unknown,
         })
     }
 

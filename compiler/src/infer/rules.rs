@@ -102,6 +102,7 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         | Prim::Sqrt
         | Prim::Rsqrt
         | Prim::Lgamma
+        | Prim::Digamma
         | Prim::Erf => unary(p, &args[0], None),
         Prim::Add => binary(p, args, |a, b| Some(a.wrapping_add(b))),
         Prim::Sub => binary(p, args, |a, b| Some(a.wrapping_sub(b))),
@@ -179,7 +180,7 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             let shape = shape::take(x.ty(), idx.ty(), axis)?;
             Ok(like(x, shape, None))
         }
-        Prim::Index => index(ctx, &args[0], &args[1..]),
+        Prim::Index => index(ctx, &args[0], &args[1..], 1),
         Prim::Matmul => contract("`@`", args, shape::matmul),
         Prim::Dot => contract(op, args, shape::dot),
         Prim::Outer => contract(op, args, shape::outer),
@@ -300,12 +301,129 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             let mut leaves = Vec::new();
             collect_leaves(&args[0], &mut leaves);
             let mut dtypes = Vec::with_capacity(leaves.len());
+            if leaves.contains(&&AbsVal::Unknown) {
+                return Ok(AbsVal::Unknown);
+            }
             for leaf in leaves {
                 let t = tensor(op, leaf)?;
                 dtypes.push(dtype::reduce_result("sum", t.weak_dtype())?);
             }
             let (d, w) = dtype::promote_all(op, &dtypes)?;
             Ok(AbsVal::Tensor(AbsTensor::new(d, Vec::new(), w)))
+        }
+        Prim::StopGradient => Ok(args[0].clone()),
+        Prim::MatrixT => {
+            let x = tensor(op, &args[0])?;
+            let shape = shape::matrix_t(x.ty())?;
+            Ok(like(x, shape, None))
+        }
+        // Values made by differentiation. A symbolic zero has no static
+        // structure (it stands for a zero of any shape), nor do
+        // environments: both are `Unknown`, and the rules below let
+        // `Unknown` through where the result's type is known anyway.
+        Prim::Zero => Ok(AbsVal::Unknown),
+        Prim::IsZero => Ok(AbsVal::scalar(DType::Bool)),
+        Prim::GAdd => Ok(gadd(&args[0], &args[1])),
+        Prim::EnvSetitem | Prim::EnvGetitem => {
+            if args[1] != AbsVal::Unknown {
+                int_scalar(op, "key", &args[1])?;
+            }
+            Ok(AbsVal::Unknown)
+        }
+        Prim::GradFinalize => Ok(finalized(&args[1])),
+        Prim::SumTo => {
+            let x = tensor(op, &args[0])?;
+            let target = tensor(op, &args[1])?;
+            let shape = shape::sum_to(x.ty(), target.ty())?;
+            Ok(like(x, shape, None))
+        }
+        Prim::ExtremumMask => {
+            let x = tensor(op, &args[0])?;
+            let axes = opt_known_ints(op, "axis", &args[1])?;
+            shape::reduce_axes(op, x.ty(), axes.as_deref())?;
+            match &args[2] {
+                v if v.is_unit() => {}
+                AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype == DType::Bool => {}
+                v => return fail(format!("{op}: is_min must be a bool, got {v}")),
+            }
+            Ok(like(x, x.shape.clone(), None))
+        }
+        Prim::TransposeGrad => {
+            let d = tensor(op, &args[0])?;
+            let perm = opt_known_ints(op, "permutation", &args[1])?;
+            let shape = shape::transpose_grad(d.ty(), perm.as_deref())?;
+            Ok(like(d, shape, None))
+        }
+        Prim::SplitLike => {
+            let d = tensor(op, &args[0])?;
+            let AbsVal::Tuple(items) = &args[1] else {
+                return fail(format!(
+                    "{op}: expected a tuple of tensors, got {}",
+                    args[1]
+                ));
+            };
+            if items.contains(&AbsVal::Unknown) {
+                return Ok(AbsVal::Unknown);
+            }
+            let xs = items
+                .iter()
+                .map(|v| tensor(op, v))
+                .collect::<Result<Vec<_>, _>>()?;
+            let axis = known_int(op, "axis", &args[2])?;
+            let tys: Vec<TensorTy> = xs.iter().map(|t| t.ty()).collect();
+            let (_, shapes) = shape::split_like(d.ty(), &tys, axis)?;
+            Ok(AbsVal::Tuple(
+                shapes.into_iter().map(|s| like(d, s, None)).collect(),
+            ))
+        }
+        Prim::Unstack => {
+            let d = tensor(op, &args[0])?;
+            let axis = known_int(op, "axis", &args[1])?;
+            let (_, n, piece) = shape::unstack(d.ty(), axis)?;
+            Ok(AbsVal::Tuple(vec![like(d, piece, None); n]))
+        }
+        Prim::TakeGrad => {
+            let x = tensor(op, &args[0])?;
+            let idx = tensor(op, &args[1])?;
+            let axis = if args[2].is_unit() {
+                None
+            } else {
+                Some(known_int(op, "axis", &args[2])?)
+            };
+            let d = tensor(op, &args[3])?;
+            let want = shape::take(x.ty(), idx.ty(), axis)?;
+            if d.shape != want {
+                return fail(format!(
+                    "{op}: the gradient {} does not match the shape {} of take",
+                    d.ty(),
+                    shape::fmt_shape(&want)
+                ));
+            }
+            Ok(like(x, x.shape.clone(), None))
+        }
+        Prim::IndexGrad => {
+            let x = tensor(op, &args[0])?;
+            let d = tensor(op, &args[1])?;
+            let AbsVal::Tensor(read) = index(ctx, &args[0], &args[2..], 2)? else {
+                return fail(format!("{op}: expected a tensor, got {}", args[0]));
+            };
+            if d.shape != read.shape {
+                return fail(format!(
+                    "{op}: the gradient {} does not match the shape {} of the index",
+                    d.ty(),
+                    shape::fmt_shape(&read.shape)
+                ));
+            }
+            Ok(like(x, x.shape.clone(), None))
+        }
+        Prim::TupleGrad => tuple_grad(&args[0], &args[1], &args[2]),
+        Prim::RecordGrad => record_grad(&args[0], &args[1], &args[2]),
+        Prim::TreeFill => {
+            let d = tensor(op, &args[1])?;
+            if shape::size(&d.shape) != 1 {
+                return fail(format!("{op}: expected a scalar, got {}", d.ty()));
+            }
+            filled_tree(&args[0])
         }
         Prim::Print => {
             io_token(op, &args[0])?;
@@ -350,12 +468,27 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
 }
 
 /// Primitives whose rule accepts `Unknown` arguments: those that build
-/// structures, select a branch, or thread the IO token.
+/// structures, select a branch, or thread the IO token, and the
+/// differentiation helpers whose result type does not depend on the
+/// cotangent they take (`grad_finalize`, `tuple_grad`, ...) or that treat
+/// `Unknown` as the symbolic zero (`gadd`).
 fn keeps_unknown(p: Prim) -> bool {
     match p.category() {
         Category::Io => true,
         Category::Control => p == Prim::Switch,
-        Category::Struct => p == Prim::MakeTuple || p == Prim::MakeRecord,
+        Category::Struct => matches!(
+            p,
+            Prim::MakeTuple
+                | Prim::MakeRecord
+                | Prim::Zero
+                | Prim::IsZero
+                | Prim::GAdd
+                | Prim::EnvSetitem
+                | Prim::EnvGetitem
+                | Prim::GradFinalize
+                | Prim::TupleGrad
+                | Prim::RecordGrad
+        ),
         Category::Map
         | Category::Reindex
         | Category::Reduce
@@ -689,6 +822,9 @@ fn join_along(
     let AbsVal::Tuple(items) = xs else {
         return fail(format!("{op}: expected a tuple of tensors, got {xs}"));
     };
+    if items.contains(&AbsVal::Unknown) {
+        return Ok(AbsVal::Unknown);
+    }
     let ts = items
         .iter()
         .map(|v| tensor(op, v))
@@ -836,9 +972,11 @@ fn gather(shape: &[usize], values: &[i64], steps: &[IndexStep]) -> Vec<i64> {
     offsets.iter().map(|&o| values[o]).collect()
 }
 
-fn index(ctx: &RuleCtx, x: &AbsVal, comps: &[AbsVal]) -> Rule {
+/// `x[comps..]`; the components are the arguments from position `first`
+/// of the application (1 for `index`, 2 for `index_grad`).
+fn index(ctx: &RuleCtx, x: &AbsVal, comps: &[AbsVal], first: usize) -> Rule {
     let x = tensor("index", x)?;
-    let nodes = ctx.arg_nodes.get(1..).unwrap_or(&[]);
+    let nodes = ctx.arg_nodes.get(first..).unwrap_or(&[]);
     let (comps, known): (Vec<IndexComp>, Vec<Option<IndexComp>>) = comps
         .iter()
         .enumerate()
@@ -966,6 +1104,145 @@ fn tensor_literal(args: &[AbsVal]) -> Rule {
         Some(v) if !d.is_float() && ts.iter().all(|t| !t.dtype.is_float()) => out.with_value(v),
         _ => out,
     }))
+}
+
+// ---------------------------------------------------------------------------
+// Differentiation
+
+/// `gadd(a, b)`: an `Unknown` operand (the symbolic zero, or a cotangent
+/// known only at run time) gives the other one; tensors follow `add`
+/// (`or` for bools); tuples and records add element-wise; anything else is
+/// the join of both, or `Unknown` when they do not join (the kernel
+/// checks).
+fn gadd(a: &AbsVal, b: &AbsVal) -> AbsVal {
+    match (a, b) {
+        (AbsVal::Unknown, x) | (x, AbsVal::Unknown) => x.clone(),
+        (AbsVal::Tensor(x), AbsVal::Tensor(y)) => {
+            let args = [a.clone(), b.clone()];
+            let r = if x.dtype == DType::Bool && y.dtype == DType::Bool {
+                binary(Prim::Or, &args, |p, q| Some((p != 0 || q != 0) as i64))
+            } else {
+                binary(Prim::Add, &args, |p, q| Some(p.wrapping_add(q)))
+            };
+            r.unwrap_or(AbsVal::Unknown)
+        }
+        (AbsVal::Tuple(x), AbsVal::Tuple(y)) if x.len() == y.len() => {
+            AbsVal::Tuple(x.iter().zip(y).map(|(p, q)| gadd(p, q)).collect())
+        }
+        (AbsVal::Record(x), AbsVal::Record(y))
+            if x.len() == y.len() && x.iter().all(|(n, _)| y.iter().any(|(m, _)| m == n)) =>
+        {
+            AbsVal::Record(
+                x.iter()
+                    .map(|(n, p)| {
+                        let q = y.iter().find(|(m, _)| m == n).map(|(_, q)| q);
+                        (n.clone(), q.map_or(AbsVal::Unknown, |q| gadd(p, q)))
+                    })
+                    .collect(),
+            )
+        }
+        _ => join(a, b).unwrap_or(AbsVal::Unknown),
+    }
+}
+
+/// The type of `grad_finalize(d, x)`: `x`'s structure, its tensors with
+/// their dtypes, shapes and weak flags (values unknown), its other leaves
+/// `()`.
+fn finalized(x: &AbsVal) -> AbsVal {
+    match x {
+        AbsVal::Tensor(t) => AbsVal::Tensor(AbsTensor::new(t.dtype, t.shape.clone(), t.weak)),
+        AbsVal::Tuple(items) => AbsVal::Tuple(items.iter().map(finalized).collect()),
+        AbsVal::Record(fields) => AbsVal::Record(
+            fields
+                .iter()
+                .map(|(n, v)| (n.clone(), finalized(v)))
+                .collect(),
+        ),
+        AbsVal::Unknown | AbsVal::Bottom => x.clone(),
+        AbsVal::Str(_) | AbsVal::Func(_) | AbsVal::DType(_) | AbsVal::Io => AbsVal::unit(),
+    }
+}
+
+/// `tuple_grad(t, i, d)`: a tuple as long as `t`, `d` at position `i` and
+/// symbolic zeros (`Unknown`) elsewhere.
+fn tuple_grad(t: &AbsVal, i: &AbsVal, d: &AbsVal) -> Rule {
+    let op = "tuple_grad";
+    let items = match t {
+        AbsVal::Unknown => return Ok(AbsVal::Unknown),
+        AbsVal::Tuple(items) => items,
+        _ => return fail(format!("{op}: expected a tuple, got {t}")),
+    };
+    let n = items.len() as i64;
+    let mut out = vec![AbsVal::Unknown; items.len()];
+    if *i == AbsVal::Unknown {
+        return Ok(AbsVal::Tuple(out));
+    }
+    if let Some(k) = int_scalar(op, "index", i)?.scalar_value() {
+        let j = if k < 0 { k + n } else { k };
+        if !(0..n).contains(&j) {
+            return fail(format!(
+                "{op}: index {k} is out of range for a tuple of {n}"
+            ));
+        }
+        out[j as usize] = d.clone();
+    }
+    Ok(AbsVal::Tuple(out))
+}
+
+/// `record_grad(r, name, d)`: a record with `r`'s fields, `d` in field
+/// `name` and symbolic zeros (`Unknown`) elsewhere.
+fn record_grad(r: &AbsVal, name: &AbsVal, d: &AbsVal) -> Rule {
+    let op = "record_grad";
+    let fields = match r {
+        AbsVal::Unknown => return Ok(AbsVal::Unknown),
+        AbsVal::Record(fields) => fields,
+        _ => return fail(format!("{op}: expected a record, got {r}")),
+    };
+    let name = match name {
+        AbsVal::Str(Some(n)) => Some(n),
+        AbsVal::Str(None) | AbsVal::Unknown => None,
+        _ => return fail(format!("{op}: expected a field name, got {name}")),
+    };
+    if let Some(n) = name {
+        if !fields.iter().any(|(m, _)| m == n) {
+            return fail(format!("{op}: record {r} has no field `{n}`"));
+        }
+    }
+    Ok(AbsVal::Record(
+        fields
+            .iter()
+            .map(|(m, _)| {
+                let v = if Some(m) == name {
+                    d.clone()
+                } else {
+                    AbsVal::Unknown
+                };
+                (m.clone(), v)
+            })
+            .collect(),
+    ))
+}
+
+/// The type of `tree_fill(t, d)`: `t`'s, every tensor leaf with its
+/// dtype, shape and weak flag (values unknown).
+fn filled_tree(t: &AbsVal) -> Rule {
+    Ok(match t {
+        AbsVal::Tensor(leaf) => like(leaf, leaf.shape.clone(), None),
+        AbsVal::Tuple(items) => AbsVal::Tuple(
+            items
+                .iter()
+                .map(filled_tree)
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        AbsVal::Record(fields) => AbsVal::Record(
+            fields
+                .iter()
+                .map(|(n, v)| Ok((n.clone(), filled_tree(v)?)))
+                .collect::<Result<Vec<_>, RuleError>>()?,
+        ),
+        AbsVal::Unknown | AbsVal::Bottom => t.clone(),
+        _ => return fail(format!("tree_fill: expected tensors in the tree, got {t}")),
+    })
 }
 
 // ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ use adjoint_lang::ast::{self, Expr, ExprKind, FnDef, Item};
 use adjoint_lang::{Diagnostic, FileId, SourceMap, Span};
 use adjoint_runtime::tensor::DType;
 
+use crate::ad::{AdKind, AdRequest, Rules};
 use crate::checks::Check;
 use crate::ir::{Const, GraphId, Loc, Module, NodeId};
 use crate::prim::{self, Prim};
@@ -34,6 +35,7 @@ use scan::CallTarget;
 pub const STDLIB: &[(&str, &str)] = &[
     ("prelude", include_str!("../../../stdlib/prelude.adj")),
     ("nn", include_str!("../../../stdlib/nn.adj")),
+    ("bprop", include_str!("../../../stdlib/bprop.adj")),
 ];
 
 /// Reads imported files (the root package provides one backed by the file
@@ -70,6 +72,9 @@ pub struct Lowered {
     pub effectful: HashSet<GraphId>,
     /// What to check once types are known (annotations, assignments).
     pub checks: Vec<Check>,
+    /// Graphs to build by differentiation, and the rules to build them.
+    pub ad_requests: Vec<AdRequest>,
+    pub ad_rules: Rules,
 }
 
 type R<T> = Result<T, Diagnostic>;
@@ -85,7 +90,11 @@ struct ModInfo {
     dir: Option<PathBuf>,
     ast: Rc<ast::Module>,
     fns: HashMap<String, usize>,
+    bprops: HashMap<String, usize>,
     imports: HashMap<String, usize>,
+    /// Standard-library modules may call the primitives that
+    /// differentiation uses internally.
+    internal: bool,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -180,6 +189,8 @@ pub struct Lowerer<'a> {
     effectful_graphs: HashSet<GraphId>,
     depth: usize,
     checks: Vec<Check>,
+    ad_requests: Vec<AdRequest>,
+    bprop_mod: Option<usize>,
 }
 
 /// Names of user-facing primitives that are spelled differently or not
@@ -215,7 +226,7 @@ fn user_prim(name: &str) -> Option<Prim> {
     }
 }
 
-const DIFF_NAMES: &[&str] = &["grad", "value_and_grad", "vjp", "jvp", "stop_gradient"];
+const DIFF_NAMES: &[&str] = &["grad", "value_and_grad", "vjp", "jvp"];
 
 const MAX_DEPTH: usize = 20_000;
 
@@ -246,11 +257,18 @@ impl<'a> Lowerer<'a> {
             effectful_graphs: HashSet::new(),
             depth: 0,
             checks: Vec::new(),
+            ad_requests: Vec::new(),
+            bprop_mod: None,
         };
         let prelude_src = STDLIB[0].1;
         let pf = lw.sources.add_file("<stdlib>/prelude.adj", prelude_src);
         let prelude = lw.load_module(pf, None);
+        lw.mods[prelude].internal = true;
         lw.prelude = Some(prelude);
+        let bf = lw.sources.add_file("<stdlib>/bprop.adj", STDLIB[2].1);
+        let bprop_mod = lw.load_module(bf, None);
+        lw.mods[bprop_mod].internal = true;
+        lw.bprop_mod = Some(bprop_mod);
         let root_dir = root_path.and_then(|p| p.parent().map(|d| d.to_path_buf()));
         let root_mod = lw.load_module(root, root_dir);
         if lw.diags.iter().any(|d| d.is_error()) {
@@ -269,6 +287,11 @@ impl<'a> Lowerer<'a> {
             }
         }
         lw.drain_pending();
+        let ad_rules = if lw.ad_requests.is_empty() {
+            Rules::default()
+        } else {
+            lw.lower_rules()
+        };
         if lw.diags.iter().any(|d| d.is_error()) {
             return Err(lw.diags);
         }
@@ -277,6 +300,8 @@ impl<'a> Lowerer<'a> {
             functions,
             effectful: lw.effectful_graphs,
             checks: lw.checks,
+            ad_requests: lw.ad_requests,
+            ad_rules,
         })
     }
 
@@ -293,7 +318,16 @@ impl<'a> Lowerer<'a> {
         let ast = Rc::new(ast);
         let idx = self.mods.len();
         let mut fns = HashMap::new();
+        let mut bprops = HashMap::new();
         for (i, item) in ast.items.iter().enumerate() {
+            if let Item::Bprop(def) = item {
+                if bprops.insert(def.name.name.clone(), i).is_some() {
+                    self.error(Diagnostic::error(
+                        format!("`{}` has two bprop rules", def.name.name),
+                        def.name.span,
+                    ));
+                }
+            }
             if let Item::Fn(def) = item {
                 if let Some(prev) = fns.insert(def.name.name.clone(), i) {
                     let prev_span = match &ast.items[prev] {
@@ -315,7 +349,9 @@ impl<'a> Lowerer<'a> {
             dir: dir.clone(),
             ast: ast.clone(),
             fns,
+            bprops,
             imports: HashMap::new(),
+            internal: false,
         });
         for item in ast.items.iter() {
             if let Item::Import(imp) = item {
@@ -479,7 +515,7 @@ impl<'a> Lowerer<'a> {
 
     fn fn_def(&self, key: FnKey) -> Rc<FnDef> {
         match &self.mods[key.module].ast.items[key.item] {
-            Item::Fn(def) => Rc::new(def.clone()),
+            Item::Fn(def) | Item::Bprop(def) => Rc::new(def.clone()),
             _ => unreachable!("function keys point at functions"),
         }
     }
@@ -491,10 +527,68 @@ impl<'a> Lowerer<'a> {
             return *g;
         }
         let def = self.fn_def(key);
-        let g = self.m.add_graph(def.name.name.clone(), loc(def.name.span));
+        let name = match &self.mods[key.module].ast.items[key.item] {
+            Item::Bprop(_) => format!("bprop.{}", def.name.name),
+            _ => def.name.name.clone(),
+        };
+        let g = self.m.add_graph(name, loc(def.name.span));
         self.fn_graphs.insert(key, g);
         self.pending.push((key, g));
         g
+    }
+
+    /// Lowers the reverse rules: the standard library's, for primitives,
+    /// and the program's own, for its functions.
+    fn lower_rules(&mut self) -> Rules {
+        let mut rules = Rules::default();
+        for module in 0..self.mods.len() {
+            let bprops: Vec<(String, usize)> = self.mods[module]
+                .bprops
+                .iter()
+                .map(|(n, i)| (n.clone(), *i))
+                .collect();
+            for (name, item) in bprops {
+                let span = match &self.mods[module].ast.items[item] {
+                    Item::Bprop(d) => d.name.span,
+                    _ => continue,
+                };
+                let rule = self.fn_graph(FnKey { module, item });
+                if Some(module) == self.bprop_mod {
+                    match Prim::from_name(&name) {
+                        Some(p) => {
+                            rules.prims.insert(p, rule);
+                        }
+                        None => self.error(Diagnostic::error(
+                            format!("bprop for unknown primitive `{name}`"),
+                            span,
+                        )),
+                    }
+                } else {
+                    match self.mods[module].fns.get(&name).copied() {
+                        Some(f) => {
+                            let g = self.fn_graph(FnKey { module, item: f });
+                            rules.user.insert(g, rule);
+                        }
+                        None => self.error(Diagnostic::error(
+                            format!("bprop for unknown function `{name}`"),
+                            span,
+                        )
+                        .with_note("a bprop item gives the derivative of a function defined in the same file")),
+                    }
+                }
+            }
+        }
+        self.drain_pending();
+        rules
+    }
+
+    /// A primitive callable by this name from `module`.
+    fn prim_named(&self, module: usize, name: &str) -> Option<Prim> {
+        if self.mods[module].internal {
+            Prim::from_name(name)
+        } else {
+            user_prim(name)
+        }
     }
 
     fn drain_pending(&mut self) {
@@ -950,7 +1044,7 @@ impl<'a> Lowerer<'a> {
         if let Some(d) = DType::from_name(n) {
             return Ok(self.konst(Const::DType(d), span));
         }
-        if let Some(p) = user_prim(n) {
+        if let Some(p) = self.prim_named(module, n) {
             if p.category() == prim::Category::Io {
                 return Err(effectful_value_error(n, span));
             }
@@ -964,7 +1058,10 @@ impl<'a> Lowerer<'a> {
             ));
         }
         if DIFF_NAMES.contains(&n) {
-            return Err(not_yet_diff(n, span));
+            return Err(Diagnostic::error(
+                format!("`{n}` must be called with the function to differentiate, as in `{n}(f)`"),
+                span,
+            ));
         }
         Err(self.unknown_name(module, n, span))
     }
@@ -1068,11 +1165,11 @@ impl<'a> Lowerer<'a> {
                         let dt = self.konst(Const::DType(d), callee.span);
                         return Ok(self.prim(cx, Prim::Cast, &[x[0], dt], span));
                     }
-                    if let Some(p) = user_prim(n) {
-                        return self.call_prim(module, cx, p, args, span);
-                    }
                     if DIFF_NAMES.contains(&n.as_str()) {
-                        return Err(not_yet_diff(n, callee.span));
+                        return self.lower_diff(module, cx, n, args, span);
+                    }
+                    if let Some(p) = self.prim_named(module, n) {
+                        return self.call_prim(module, cx, p, args, span);
                     }
                     if n == "progress" {
                         return Err(Diagnostic::error(
@@ -1122,6 +1219,152 @@ impl<'a> Lowerer<'a> {
             vals.push(self.lower_expr(module, cx, &a.value)?);
         }
         self.call(cx, f, vals, false, span)
+    }
+
+    /// `grad(f, argnums = ..)`, `value_and_grad(f, ..)` (function values),
+    /// `vjp(f, x..)` and `jvp(f, (x..), (dx..))` (calls).
+    fn lower_diff(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        which: &str,
+        args: &[ast::Arg],
+        span: Span,
+    ) -> R<NodeId> {
+        let Some(first) = args.first().filter(|a| a.name.is_none()) else {
+            return Err(Diagnostic::error(
+                format!("`{which}` needs the function to differentiate as its first argument"),
+                span,
+            ));
+        };
+        let (source, name) = self.resolve_static_fn(module, cx, &first.value)?;
+        let mut argnums = None;
+        let mut rest = Vec::new();
+        for a in &args[1..] {
+            match &a.name {
+                Some(k) if k.name == "argnums" && which != "vjp" && which != "jvp" => {
+                    argnums = Some(static_ints(&a.value)?);
+                }
+                Some(k) => {
+                    return Err(Diagnostic::error(
+                        format!("`{which}` has no parameter named `{}`", k.name),
+                        k.span,
+                    ))
+                }
+                None => rest.push(a),
+            }
+        }
+        let kind = match which {
+            "grad" | "value_and_grad" => {
+                if !rest.is_empty() {
+                    return Err(Diagnostic::error(
+                        format!("`{which}(f)` takes only the function; call the result: `{which}(f)(x)`"),
+                        span,
+                    ));
+                }
+                AdKind::Grad {
+                    argnums,
+                    with_value: which == "value_and_grad",
+                }
+            }
+            "vjp" => AdKind::Vjp,
+            _ => {
+                if rest.len() != 2 {
+                    return Err(Diagnostic::error(
+                        "`jvp` takes the function, a tuple of primals and a tuple of tangents",
+                        span,
+                    ));
+                }
+                AdKind::Jvp
+            }
+        };
+        let target = self.m.add_graph(format!("{which}.{name}"), loc(span));
+        self.ad_requests.push(AdRequest {
+            target,
+            source,
+            kind,
+            loc: loc(span),
+            name,
+        });
+        let callee = self.graph_ref(target, span);
+        if which == "grad" || which == "value_and_grad" {
+            return Ok(callee);
+        }
+        let mut vals = Vec::new();
+        for a in rest {
+            vals.push(self.lower_expr(module, cx, &a.value)?);
+        }
+        self.call(cx, callee, vals, false, span)
+    }
+
+    /// The graph of a function known at compile time: a function name, a
+    /// lambda, a module member, or another `grad(..)`.
+    fn resolve_static_fn(&mut self, module: usize, cx: &mut Cx, e: &Expr) -> R<(GraphId, String)> {
+        let dynamic = || {
+            Diagnostic::error(
+                "differentiation needs a function known at compile time",
+                e.span,
+            )
+            .with_note("pass a function by name, a lambda, or `grad(..)` of one")
+        };
+        let io = |n: &str| {
+            Diagnostic::error(
+                format!("IO inside differentiated code: `{n}` prints or reads/writes files"),
+                e.span,
+            )
+            .with_note("move the IO out of the function that is differentiated")
+        };
+        match &*e.kind {
+            ExprKind::Name(n) => {
+                match self.lookup(n).cloned() {
+                    Some(Binding::LocalFn(f)) => {
+                        if f.effectful {
+                            return Err(io(n));
+                        }
+                        return Ok((f.graph, n.clone()));
+                    }
+                    Some(Binding::Val(v)) => {
+                        return match self.m.as_const(v) {
+                            Some(Const::Graph(g)) => Ok((*g, n.clone())),
+                            _ => Err(dynamic()),
+                        }
+                    }
+                    Some(Binding::Var(v)) => {
+                        return match cx.vals.get(&v).and_then(|x| self.m.as_const(*x)) {
+                            Some(Const::Graph(g)) => Ok((*g, n.clone())),
+                            _ => Err(dynamic()),
+                        }
+                    }
+                    None => {}
+                }
+                if let Some(key) = self.global_fn(module, n) {
+                    if self.effectful.contains(&key) {
+                        return Err(io(n));
+                    }
+                    return Ok((self.fn_graph(key), n.clone()));
+                }
+                if let Some(p) = self.prim_named(module, n) {
+                    if p.category() != prim::Category::Io {
+                        return Ok((self.prim_value(p, e.span), n.clone()));
+                    }
+                    return Err(io(n));
+                }
+                Err(self.unknown_name(module, n, e.span))
+            }
+            ExprKind::Field { .. } | ExprKind::Lambda { .. } | ExprKind::Call { .. } => {
+                let node = self.lower_expr(module, cx, e)?;
+                let name = match &*e.kind {
+                    ExprKind::Field { name, .. } => name.name.clone(),
+                    ExprKind::Lambda { .. } => "lambda".to_string(),
+                    _ => "fn".to_string(),
+                };
+                match self.m.as_const(node) {
+                    Some(Const::Graph(g)) => Ok((*g, name)),
+                    _ => Err(dynamic()),
+                }
+            }
+            _ => Err(dynamic()),
+        }
     }
 
     fn positional_only(
@@ -1345,6 +1588,21 @@ fn default_const(d: prim::Default) -> Const {
     }
 }
 
+/// `argnums = 1` or `argnums = (0, 2)`: ints written in the source.
+fn static_ints(e: &Expr) -> R<Vec<usize>> {
+    let one = |x: &Expr| match &*x.kind {
+        ExprKind::Int(i) if *i >= 0 => Ok(*i as usize),
+        _ => Err(Diagnostic::error(
+            "argnums must be written as an int or a tuple of ints",
+            x.span,
+        )),
+    };
+    match &*e.kind {
+        ExprKind::Tuple(items) => items.iter().map(one).collect(),
+        _ => Ok(vec![one(e)?]),
+    }
+}
+
 fn is_io_name(n: &str) -> bool {
     Prim::from_name(n).is_some_and(|p| p.category() == prim::Category::Io)
 }
@@ -1355,12 +1613,6 @@ fn effectful_value_error(n: &str, span: Span) -> Diagnostic {
         span,
     )
     .with_note("functions that print or read/write files can only be called directly by name")
-}
-
-fn not_yet_diff(n: &str, span: Span) -> Diagnostic {
-    Diagnostic::error(format!("`{n}` is not supported yet"), span).with_note(
-        "differentiation (grad, value_and_grad, vjp, jvp, stop_gradient) comes in a later release",
-    )
 }
 
 fn io_reason(e: &std::io::Error) -> String {

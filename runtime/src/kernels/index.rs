@@ -17,6 +17,45 @@ pub fn take(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let x = tensor(op, &args[0], "x")?;
     let idx = tensor(op, &args[1], "the indices")?;
     let axis = opt_int(op, &args[2], "axis")?;
+    let plan = take_plan(op, x, idx, axis)?;
+    let TakePlan {
+        outer, dim, inner, ..
+    } = plan;
+    let picks = &plan.picks;
+    let buf = dispatch_all!(x.dtype(), T => {
+        let src = typed::<T>(x)?;
+        let mut dst: Vec<T> = Vec::with_capacity(outer * picks.len() * inner);
+        for o in 0..outer {
+            for &j in picks {
+                let start = (o * dim + j) * inner;
+                dst.extend_from_slice(&src[start..start + inner]);
+            }
+        }
+        T::wrap(dst)
+    });
+    Ok(Value::Tensor(
+        Tensor::new(buf, &plan.out)?.with_weak(x.weak),
+    ))
+}
+
+/// What `take(x, idx, axis)` reads: `x` viewed as `[outer, dim, inner]`
+/// (`dim` the gathered axis; with no axis, `x` flattened), the positions
+/// along `dim` it picks, in order, and the result shape.
+pub(crate) struct TakePlan {
+    pub outer: usize,
+    pub dim: usize,
+    pub inner: usize,
+    pub picks: Vec<usize>,
+    pub out: Vec<usize>,
+}
+
+/// Plans `take(x, idx, axis)`; errors name `op`'s rule as `take`'s.
+pub(crate) fn take_plan(
+    op: &str,
+    x: &Tensor,
+    idx: &Tensor,
+    axis: Option<i64>,
+) -> Result<TakePlan, RtError> {
     let out = rule(shape::take(x.ty(), idx.ty(), axis))?;
     let (outer, dim, inner, ax) = match axis {
         None => (1, x.len(), 1, 0),
@@ -35,23 +74,18 @@ pub fn take(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
                 Ok(j as usize)
             } else {
                 Err(RtError::new(format!(
-                    "take: index {i} is out of range for axis {ax} of size {dim}"
+                    "{op}: index {i} is out of range for axis {ax} of size {dim}"
                 )))
             }
         })
         .collect::<Result<_, _>>()?;
-    let buf = dispatch_all!(x.dtype(), T => {
-        let src = typed::<T>(x)?;
-        let mut dst: Vec<T> = Vec::with_capacity(outer * picks.len() * inner);
-        for o in 0..outer {
-            for &j in &picks {
-                let start = (o * dim + j) * inner;
-                dst.extend_from_slice(&src[start..start + inner]);
-            }
-        }
-        T::wrap(dst)
-    });
-    Ok(Value::Tensor(Tensor::new(buf, &out)?.with_weak(x.weak)))
+    Ok(TakePlan {
+        outer,
+        dim,
+        inner,
+        picks,
+        out,
+    })
 }
 
 fn bound(op: &str, v: &Value, k: usize) -> Result<Option<i64>, RtError> {
@@ -71,7 +105,7 @@ fn bound(op: &str, v: &Value, k: usize) -> Result<Option<i64>, RtError> {
 
 /// Decodes one index component: an int scalar, or a slice `(start, stop)`
 /// whose bounds are int scalars or `()`.
-fn component(op: &str, v: &Value, k: usize) -> Result<IndexComp, RtError> {
+pub(crate) fn component(op: &str, v: &Value, k: usize) -> Result<IndexComp, RtError> {
     match v {
         Value::Tensor(t) => t.to_i64_scalar().map(|i| IndexComp::At(Some(i))).ok_or_else(|| {
             RtError::new(format!(
@@ -99,7 +133,26 @@ pub fn index(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
         .enumerate()
         .map(|(k, c)| component(op, c, k))
         .collect::<Result<_, _>>()?;
-    let steps = rule(shape::resolve_index(x.ty(), &comps))?;
+    let (base, out, out_strides) = index_view(x, &comps)?;
+    if shape::size(&out) == 0 {
+        return Ok(Value::Tensor(
+            Tensor::zeros(x.dtype(), &out)?.with_weak(x.weak),
+        ));
+    }
+    Ok(Value::Tensor(remap(
+        x,
+        &out,
+        offsets_from(base, &out, &out_strides),
+    )?))
+}
+
+/// The elements `x[comps..]` reads: the offset of the first, and the
+/// result's shape with the strides that walk `x`'s buffer along it.
+pub(crate) fn index_view(
+    x: &Tensor,
+    comps: &[IndexComp],
+) -> Result<(usize, Vec<usize>, Vec<usize>), RtError> {
+    let steps = rule(shape::resolve_index(x.ty(), comps))?;
     let st = shape::strides(x.shape());
     let mut base = 0;
     let mut out = Vec::new();
@@ -114,16 +167,7 @@ pub fn index(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
             }
         }
     }
-    if shape::size(&out) == 0 {
-        return Ok(Value::Tensor(
-            Tensor::zeros(x.dtype(), &out)?.with_weak(x.weak),
-        ));
-    }
-    Ok(Value::Tensor(remap(
-        x,
-        &out,
-        offsets_from(base, &out, &out_strides),
-    )?))
+    Ok((base, out, out_strides))
 }
 
 #[cfg(test)]

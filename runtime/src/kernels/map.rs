@@ -25,6 +25,7 @@ fn float_fn<T: Float>(op: &str) -> Result<fn(T) -> T, RtError> {
         "rsqrt" => T::rsqrt,
         "lgamma" => T::lgamma,
         "erf" => T::erf,
+        "digamma" => T::digamma,
         _ => return Err(RtError::internal(format!("{op} is not a float map"))),
     })
 }
@@ -217,7 +218,7 @@ macro_rules! binary_kernels {
 
 unary_kernels!(
     neg, exp, log, log1p, sin, cos, tanh, sigmoid, relu, sqrt, rsqrt, abs, sign, floor, ceil,
-    lgamma, erf, not
+    lgamma, digamma, erf, not
 );
 binary_kernels!(add, sub, mul, div, pow, rem, maximum, minimum, eq, ne, lt, le, gt, ge, and, or);
 

@@ -12,7 +12,7 @@
 //!
 //! | category | kernels (parameters) |
 //! | --- | --- |
-//! | unary map | `neg exp log log1p sin cos tanh sigmoid relu sqrt rsqrt abs sign floor ceil lgamma erf not` (x) |
+//! | unary map | `neg exp log log1p sin cos tanh sigmoid relu sqrt rsqrt abs sign floor ceil lgamma digamma erf not` (x) |
 //! | binary map | `add sub mul div pow rem maximum minimum eq ne lt le gt ge and or` (x, y) |
 //! | select, convert | `where(c, a, b)`, `cast(x, dtype)` |
 //! | reduce | `sum mean max min prod argmax` (x, axis, keepdims) |
@@ -23,6 +23,7 @@
 //! | random | `randn(shape, seed, dtype)`, `rand(shape, seed, dtype)`, `permutation(n, seed)` |
 //! | trees | `tree_map(f, t, ..)`, `tree_sum(t)` |
 //! | structure | `make_tuple(..)`, `tuple_get(t, i)`, `make_record(name0, v0, ..)`, `record_get(r, name)`, `tensor_literal(e0, ..)` |
+//! | differentiation | `stop_gradient(x)`, `mT(x)`, `zero()`, `is_zero(x)`, `gadd(x, y)`, `env_setitem(env, key, v)`, `env_getitem(env, key)`, `grad_finalize(d, x)`, `sum_to(x, like)`, `extremum_mask(x, axis, is_min)`, `transpose_grad(d, perm)`, `split_like(d, xs, axis)`, `unstack(d, axis)`, `take_grad(x, idx, axis, d)`, `index_grad(x, d, c0, ..)`, `tuple_grad(t, i, d)`, `record_grad(r, name, d)`, `tree_fill(t, d)` |
 //! | IO | `print(io, ..)`, `load_npy(io, path)`, `save_npy(io, path, x)`, `save_safetensors(io, path, record)`, `load_safetensors(io, path)` |
 
 use std::io::Write;
@@ -30,6 +31,7 @@ use std::io::Write;
 use crate::error::RtError;
 use crate::value::Value;
 
+pub mod ad;
 pub mod args;
 pub mod create;
 pub mod index;
@@ -138,6 +140,7 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("floor", map::floor),
     ("ceil", map::ceil),
     ("lgamma", map::lgamma),
+    ("digamma", map::digamma),
     ("erf", map::erf),
     ("not", map::not),
     // binary maps
@@ -207,6 +210,25 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("make_record", structural::make_record),
     ("record_get", structural::record_get),
     ("tensor_literal", structural::tensor_literal),
+    // differentiation
+    ("stop_gradient", ad::stop_gradient),
+    ("mT", ad::matrix_t),
+    ("zero", ad::zero),
+    ("is_zero", ad::is_zero),
+    ("gadd", ad::gadd),
+    ("env_setitem", ad::env_setitem),
+    ("env_getitem", ad::env_getitem),
+    ("grad_finalize", ad::grad_finalize),
+    ("sum_to", ad::sum_to),
+    ("extremum_mask", ad::extremum_mask),
+    ("transpose_grad", ad::transpose_grad),
+    ("split_like", ad::split_like),
+    ("unstack", ad::unstack),
+    ("take_grad", ad::take_grad),
+    ("index_grad", ad::index_grad),
+    ("tuple_grad", ad::tuple_grad),
+    ("record_grad", ad::record_grad),
+    ("tree_fill", ad::tree_fill),
     // IO
     ("print", io::print),
     ("load_npy", io::load_npy),

@@ -13,7 +13,7 @@ use crate::value::Value;
 use crate::{dispatch_all, dispatch_numeric, dtype, shape};
 
 /// For every input element (row-major), the offset of its output element.
-fn output_offsets(in_shape: &[usize], reduced: &[usize]) -> super::strided::Offsets {
+pub(crate) fn output_offsets(in_shape: &[usize], reduced: &[usize]) -> super::strided::Offsets {
     let kept: Vec<usize> = in_shape
         .iter()
         .enumerate()
@@ -76,7 +76,7 @@ fn sum_prod<T: Element>(op: &str, x: &[T], offs: super::strided::Offsets, n_out:
 
 /// Whether `new` replaces `best` for `max`/`argmax` (`min` with `less`):
 /// strictly better, or the first NaN.
-fn better<T: Element>(new: T, best: T, less: bool) -> bool {
+pub(crate) fn better<T: Element>(new: T, best: T, less: bool) -> bool {
     if best.is_nan() {
         return false;
     }

@@ -12,10 +12,15 @@ pub fn make_tuple(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     Ok(Value::tuple(args.to_vec()))
 }
 
-/// `tuple_get(t, i)`: `t.i` (a negative `i` counts from the end).
+/// `tuple_get(t, i)`: `t.i` (a negative `i` counts from the end). Every
+/// element of the symbolic zero `zero()` is `zero()`.
 pub fn tuple_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "tuple_get";
     arity(op, args, 2)?;
+    if matches!(args[0], Value::Zero) {
+        int(op, &args[1], "the index")?;
+        return Ok(Value::Zero);
+    }
     let items = super::args::tuple(op, &args[0], "t")?;
     let i = int(op, &args[1], "the index")?;
     let n = items.len() as i64;
@@ -59,11 +64,15 @@ pub fn make_record(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     Ok(Value::record(fields))
 }
 
-/// `record_get(r, name)`: `r.name`.
+/// `record_get(r, name)`: `r.name`. Every field of the symbolic zero
+/// `zero()` is `zero()`.
 pub fn record_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "record_get";
     arity(op, args, 2)?;
     let name = string(op, &args[1], "the field name")?;
+    if matches!(args[0], Value::Zero) {
+        return Ok(Value::Zero);
+    }
     let Value::Record(r) = &args[0] else {
         return Err(RtError::new(format!(
             "{op}: expected a record, got {}",

@@ -1,0 +1,654 @@
+//! Reverse-mode automatic differentiation as an IR-to-IR transform.
+//!
+//! `J` maps every graph `f` to a graph `J(f)` with the same parameters that
+//! returns `(value, backpropagator)`. The backpropagator is an ordinary
+//! closure graph `B(f)` from the output cotangent to
+//! `(env, d_param0, d_param1, ..)`, where `env` holds the cotangents of the
+//! free variables of `f`, keyed by the id of the forward node (the Myia /
+//! MindSpore environment). Function values inside `J(f)` are themselves
+//! J-transformed closures, so closures, higher-order functions, `switch`
+//! (only the taken branch runs, forward and backward) and recursion (loops
+//! are recursive graphs) need no special case.
+//!
+//! Primitives get their rule from `bprop` definitions in
+//! `stdlib/bprop.adj`, written in Adjoint and lowered like any function, so
+//! they are differentiated in turn (second and higher derivatives). A
+//! missing contribution is the symbolic zero `zero()`; each primitive's
+//! backpropagator returns zeros at once when its output cotangent is zero.
+//!
+//! Forward mode (`jvp`) is computed here by differentiating the linear map
+//! `u ↦ vjp(f, x)(u)` once more (the "double vjp"): a dedicated forward
+//! transform is future work.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::checks::Check;
+use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
+use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
+use crate::prim::{Category, Prim};
+
+/// What the user asked for.
+#[derive(Clone, Debug)]
+pub enum AdKind {
+    /// `grad(f)` (argnums `None`: the first argument's gradient alone) or
+    /// `grad(f, argnums = (..))` (a tuple); `value_and_grad` pairs the value.
+    Grad {
+        argnums: Option<Vec<usize>>,
+        with_value: bool,
+    },
+    /// `vjp(f, x..)`: `(y, pullback)`.
+    Vjp,
+    /// `jvp(f, (x..), (dx..))`: `(y, dy)`.
+    Jvp,
+}
+
+/// A graph to build: `target` is an empty graph that lowering already
+/// refers to; it becomes the requested transform of `source`.
+#[derive(Clone, Debug)]
+pub struct AdRequest {
+    pub target: GraphId,
+    pub source: GraphId,
+    pub kind: AdKind,
+    pub loc: Loc,
+    /// The name of the differentiated function, for messages.
+    pub name: String,
+}
+
+/// Reverse rules: lowered `bprop` graphs for primitives and for user
+/// functions with a custom rule.
+#[derive(Clone, Debug, Default)]
+pub struct Rules {
+    pub prims: HashMap<Prim, GraphId>,
+    pub user: HashMap<GraphId, GraphId>,
+}
+
+#[derive(Clone, Debug)]
+pub struct AdError {
+    pub loc: Loc,
+    pub message: String,
+    pub note: Option<String>,
+}
+
+type R<T> = Result<T, AdError>;
+
+/// The primitives whose rule the transform writes itself (variadic ones).
+pub fn rule_is_generated(p: Prim) -> bool {
+    matches!(
+        p,
+        Prim::MakeTuple | Prim::MakeRecord | Prim::TensorLiteral | Prim::Index | Prim::IndexGrad
+    )
+}
+
+/// Builds every requested graph. Returns checks that need types (the
+/// differentiated arguments must be floats; `grad` needs a scalar result).
+pub fn run(
+    m: &mut Module,
+    requests: &[AdRequest],
+    rules: &Rules,
+    effectful: &HashSet<GraphId>,
+) -> Result<Vec<Check>, AdError> {
+    let mut ad = Ad {
+        m,
+        rules,
+        effectful,
+        fv: FreeVars::default(),
+        j_graphs: HashMap::new(),
+        j_closed: HashMap::new(),
+        j_prims: HashMap::new(),
+        node_map: HashMap::new(),
+        checks: Vec::new(),
+    };
+    // A request may differentiate a function that contains another request's
+    // target: build the inner ones first.
+    let mut pending: Vec<usize> = (0..requests.len()).collect();
+    while !pending.is_empty() {
+        let targets: HashSet<GraphId> = pending.iter().map(|i| requests[*i].target).collect();
+        let ready = pending.iter().position(|i| {
+            let r = &requests[*i];
+            reachable_graphs(ad.m, &[r.source])
+                .iter()
+                .all(|g| !targets.contains(g))
+        });
+        let Some(pos) = ready else {
+            let r = &requests[pending[0]];
+            return Err(AdError {
+                loc: r.loc,
+                message: "differentiation requests depend on each other in a cycle".into(),
+                note: None,
+            });
+        };
+        let i = pending.remove(pos);
+        ad.build(&requests[i])?;
+    }
+    Ok(ad.checks)
+}
+
+struct Ad<'a> {
+    m: &'a mut Module,
+    rules: &'a Rules,
+    effectful: &'a HashSet<GraphId>,
+    fv: FreeVars,
+    /// J of graphs with free variables: valid within one request only (the
+    /// free variables map to that request's forward nodes).
+    j_graphs: HashMap<GraphId, GraphId>,
+    /// J of graphs without free variables, shared by all requests.
+    j_closed: HashMap<GraphId, GraphId>,
+    j_prims: HashMap<(Prim, usize), GraphId>,
+    /// Original node → its forward value inside a J graph.
+    node_map: HashMap<NodeId, NodeId>,
+    checks: Vec<Check>,
+}
+
+impl Ad<'_> {
+    fn konst(&mut self, c: Const, loc: Loc) -> NodeId {
+        self.m.add_const(c, loc)
+    }
+    fn prim(&mut self, g: GraphId, p: Prim, args: &[NodeId], loc: Loc) -> NodeId {
+        self.m.add_prim(g, p, args, loc)
+    }
+    fn get(&mut self, g: GraphId, t: NodeId, i: usize, loc: Loc) -> NodeId {
+        let k = self.konst(Const::Int(i as i64), loc);
+        self.prim(g, Prim::TupleGet, &[t, k], loc)
+    }
+    fn gref(&mut self, h: GraphId, loc: Loc) -> NodeId {
+        self.konst(Const::Graph(h), loc)
+    }
+    fn zero(&mut self, g: GraphId, loc: Loc) -> NodeId {
+        self.prim(g, Prim::Zero, &[], loc)
+    }
+    fn call(&mut self, g: GraphId, f: NodeId, args: &[NodeId], loc: Loc) -> NodeId {
+        let mut inputs = vec![f];
+        inputs.extend_from_slice(args);
+        self.m.add_apply(g, inputs, loc)
+    }
+
+    fn build(&mut self, req: &AdRequest) -> R<()> {
+        self.fv = free_variables(self.m);
+        self.j_graphs.clear();
+        let src = req.source;
+        let loc = req.loc;
+        let n = self.m.graph(src).params.len();
+        let names = self.m.graph(src).param_names.clone();
+        let jf = self.j_graph(src, loc)?;
+        let t = req.target;
+        self.m.graph_mut(t).name = format!("{}.{}", kind_name(&req.kind), req.name);
+        match &req.kind {
+            AdKind::Grad {
+                argnums,
+                with_value,
+            } => {
+                let ps: Vec<NodeId> = names
+                    .iter()
+                    .map(|nm| self.m.add_param(t, nm.clone(), loc))
+                    .collect();
+                let jfr = self.gref(jf, loc);
+                let r = self.call(t, jfr, &ps, loc);
+                let y = self.get(t, r, 0, loc);
+                let bp = self.get(t, r, 1, loc);
+                let one = self.prim(t, Prim::OnesLike, &[y], loc);
+                let d = self.call(t, bp, &[one], loc);
+                let which: Vec<usize> = argnums.clone().unwrap_or_else(|| vec![0]);
+                let mut grads = Vec::new();
+                for &i in &which {
+                    if i >= n {
+                        return Err(AdError {
+                            loc,
+                            message: format!(
+                                "argnums asks for argument {i} of `{}`, which takes {n}",
+                                req.name
+                            ),
+                            note: None,
+                        });
+                    }
+                    let di = self.get(t, d, i + 1, loc);
+                    grads.push(self.prim(t, Prim::GradFinalize, &[di, ps[i]], loc));
+                    self.checks.push(Check::DiffArg {
+                        node: ps[i],
+                        what: format!("argument `{}` of `{}`", names[i], req.name),
+                        loc,
+                    });
+                }
+                self.checks.push(Check::ScalarOutput {
+                    node: y,
+                    what: format!("`{}`", req.name),
+                    loc,
+                });
+                let g = if argnums.is_some() {
+                    self.prim(t, Prim::MakeTuple, &grads, loc)
+                } else {
+                    grads[0]
+                };
+                let out = if *with_value {
+                    self.prim(t, Prim::MakeTuple, &[y, g], loc)
+                } else {
+                    g
+                };
+                self.m.set_output(t, out);
+            }
+            AdKind::Vjp => {
+                let ps: Vec<NodeId> = names
+                    .iter()
+                    .map(|nm| self.m.add_param(t, nm.clone(), loc))
+                    .collect();
+                let jfr = self.gref(jf, loc);
+                let r = self.call(t, jfr, &ps, loc);
+                let y = self.get(t, r, 0, loc);
+                let bp = self.get(t, r, 1, loc);
+                let pb = self.m.add_graph(format!("pullback.{}", req.name), loc);
+                let dy = self.m.add_param(pb, "dy", loc);
+                let d = self.call(pb, bp, &[dy], loc);
+                let mut outs = Vec::new();
+                for (i, p) in ps.iter().enumerate() {
+                    let di = self.get(pb, d, i + 1, loc);
+                    outs.push(self.prim(pb, Prim::GradFinalize, &[di, *p], loc));
+                }
+                let o = self.prim(pb, Prim::MakeTuple, &outs, loc);
+                self.m.set_output(pb, o);
+                let pbr = self.gref(pb, loc);
+                let out = self.prim(t, Prim::MakeTuple, &[y, pbr], loc);
+                self.m.set_output(t, out);
+            }
+            AdKind::Jvp => {
+                let xs = self.m.add_param(t, "primals", loc);
+                let dxs = self.m.add_param(t, "tangents", loc);
+                let ps: Vec<NodeId> = (0..n).map(|i| self.get(t, xs, i, loc)).collect();
+                let jfr = self.gref(jf, loc);
+                let r = self.call(t, jfr, &ps, loc);
+                let y = self.get(t, r, 0, loc);
+                // L(u) = vjp(f, x)(u) is linear in u; its transpose applied to
+                // the tangents is the forward derivative.
+                let l = self.m.add_graph(format!("linear.{}", req.name), loc);
+                let u = self.m.add_param(l, "u", loc);
+                let jfr = self.gref(jf, loc);
+                let rl = self.call(l, jfr, &ps, loc);
+                let bpl = self.get(l, rl, 1, loc);
+                let d = self.call(l, bpl, &[u], loc);
+                let mut outs = Vec::new();
+                for (i, p) in ps.iter().enumerate() {
+                    let di = self.get(l, d, i + 1, loc);
+                    outs.push(self.prim(l, Prim::GradFinalize, &[di, *p], loc));
+                }
+                let o = self.prim(l, Prim::MakeTuple, &outs, loc);
+                self.m.set_output(l, o);
+                self.fv = free_variables(self.m);
+                let jl = self.j_graph(l, loc)?;
+                let u0 = self.prim(t, Prim::ZerosLike, &[y], loc);
+                let jlr = self.gref(jl, loc);
+                let r2 = self.call(t, jlr, &[u0], loc);
+                let bp2 = self.get(t, r2, 1, loc);
+                let d2 = self.call(t, bp2, &[dxs], loc);
+                let du = self.get(t, d2, 1, loc);
+                let dy = self.prim(t, Prim::GradFinalize, &[du, y], loc);
+                let out = self.prim(t, Prim::MakeTuple, &[y, dy], loc);
+                self.m.set_output(t, out);
+            }
+        }
+        Ok(())
+    }
+
+    /// The forward value standing for `n` inside the J graph being built.
+    fn jmap(&mut self, n: NodeId, arity: usize, at: Loc) -> R<NodeId> {
+        match self.m.node(n).kind.clone() {
+            NodeKind::Const(Const::Prim(p)) => {
+                let g = self.j_prim(p, arity, at)?;
+                Ok(self.gref(g, at))
+            }
+            NodeKind::Const(Const::Graph(h)) => {
+                let g = self.j_graph(h, at)?;
+                Ok(self.gref(g, at))
+            }
+            NodeKind::Const(_) => Ok(n),
+            _ => Ok(self.node_map.get(&n).copied().unwrap_or(n)),
+        }
+    }
+
+    fn j_graph(&mut self, f: GraphId, at: Loc) -> R<GraphId> {
+        let closed = self.fv.get(f).is_empty();
+        let memo = if closed {
+            self.j_closed.get(&f)
+        } else {
+            self.j_graphs.get(&f)
+        };
+        if let Some(j) = memo {
+            return Ok(*j);
+        }
+        if self.effectful.contains(&f) {
+            return Err(self.io_error(f, at));
+        }
+        if let Some(rule) = self.rules.user.get(&f).copied() {
+            let j = self.j_custom(f, rule)?;
+            self.j_closed.insert(f, j);
+            return Ok(j);
+        }
+        let name = self.m.graph(f).name.clone();
+        let floc = self.m.graph(f).loc;
+        let jf = self.m.add_graph(format!("J.{name}"), floc);
+        if closed {
+            self.j_closed.insert(f, jf);
+        } else {
+            self.j_graphs.insert(f, jf);
+        }
+        let params = self.m.graph(f).params.clone();
+        let pnames = self.m.graph(f).param_names.clone();
+        for (p, nm) in params.iter().zip(pnames) {
+            let jp = self.m.add_param(jf, nm, self.m.node(*p).loc);
+            self.node_map.insert(*p, jp);
+        }
+        let body = graph_body_with(self.m, f, &self.fv);
+        let mut bps: HashMap<NodeId, NodeId> = HashMap::new();
+        for &y in &body {
+            let inputs = self.m.inputs(y).to_vec();
+            let yloc = self.m.node(y).loc;
+            if let Some(Const::Prim(p)) = self.m.as_const(inputs[0]) {
+                if p.category() == Category::Io {
+                    return Err(AdError {
+                        loc: yloc,
+                        message: format!("`{p}` (IO) inside differentiated code"),
+                        note: Some(
+                            "IO is allowed only outside functions that are differentiated".into(),
+                        ),
+                    });
+                }
+            }
+            let arity = inputs.len() - 1;
+            let mut ins = Vec::with_capacity(inputs.len());
+            for &i in &inputs {
+                ins.push(self.jmap(i, arity, yloc)?);
+            }
+            let r = self.m.add_apply(jf, ins, yloc);
+            let yv = self.get(jf, r, 0, yloc);
+            let bp = self.get(jf, r, 1, yloc);
+            self.node_map.insert(y, yv);
+            bps.insert(y, bp);
+        }
+        let out = self.m.graph(f).output.expect("lowered graphs have outputs");
+        let out_v = self.jmap(out, 0, floc)?;
+
+        // The backpropagator.
+        let bf = self.m.add_graph(format!("B.{name}"), floc);
+        let dout = self.m.add_param(bf, "dout", floc);
+        let mut sens: HashMap<NodeId, NodeId> = HashMap::new();
+        self.contribute(bf, &mut sens, out, dout, floc);
+        for &y in body.iter().rev() {
+            let Some(s) = sens.get(&y).copied() else {
+                continue;
+            };
+            let yloc = self.m.node(y).loc;
+            let d = self.call(bf, bps[&y], &[s], yloc);
+            let inputs = self.m.inputs(y).to_vec();
+            for (i, inp) in inputs.iter().enumerate() {
+                if matches!(self.m.node(*inp).kind, NodeKind::Const(Const::Prim(_))) {
+                    continue;
+                }
+                if matches!(self.m.node(*inp).kind, NodeKind::Const(ref c) if !matches!(c, Const::Graph(_)))
+                {
+                    continue;
+                }
+                let di = self.get(bf, d, i, yloc);
+                self.contribute(bf, &mut sens, *inp, di, yloc);
+            }
+        }
+        let mut env = self.zero(bf, floc);
+        for &n in self.fv.get(f).to_vec().iter() {
+            if let Some(s) = sens.get(&n).copied() {
+                let key = self.konst(Const::Int(n.0 as i64), floc);
+                env = self.prim(bf, Prim::EnvSetitem, &[env, key, s], floc);
+            }
+        }
+        let mut outs = vec![env];
+        for p in &params {
+            let d = match sens.get(p) {
+                Some(s) => *s,
+                None => self.zero(bf, floc),
+            };
+            outs.push(d);
+        }
+        let o = self.prim(bf, Prim::MakeTuple, &outs, floc);
+        self.m.set_output(bf, o);
+        let bfr = self.gref(bf, floc);
+        let pair = self.prim(jf, Prim::MakeTuple, &[out_v, bfr], floc);
+        self.m.set_output(jf, pair);
+        Ok(jf)
+    }
+
+    /// Adds cotangent `d` to node `n`; for a graph constant (a closure made
+    /// here), `d` is an environment whose entries go to the closure's free
+    /// variables.
+    fn contribute(
+        &mut self,
+        bf: GraphId,
+        sens: &mut HashMap<NodeId, NodeId>,
+        n: NodeId,
+        d: NodeId,
+        loc: Loc,
+    ) {
+        match self.m.node(n).kind.clone() {
+            NodeKind::Const(Const::Graph(h)) => {
+                for &v in self.fv.get(h).to_vec().iter() {
+                    let key = self.konst(Const::Int(v.0 as i64), loc);
+                    let e = self.prim(bf, Prim::EnvGetitem, &[d, key], loc);
+                    self.contribute(bf, sens, v, e, loc);
+                }
+            }
+            NodeKind::Const(_) => {}
+            _ => {
+                let v = match sens.get(&n) {
+                    Some(s) => self.prim(bf, Prim::GAdd, &[*s, d], loc),
+                    None => d,
+                };
+                sens.insert(n, v);
+            }
+        }
+    }
+
+    fn io_error(&self, f: GraphId, at: Loc) -> AdError {
+        // Point at the IO operation itself when there is one in the body.
+        let body = graph_body_with(self.m, f, &self.fv);
+        let io = body.iter().find(|n| {
+            self.m
+                .applied_prim(**n)
+                .is_some_and(|p| p.category() == Category::Io)
+        });
+        let loc = io.map(|n| self.m.node(*n).loc).unwrap_or(at);
+        AdError {
+            loc,
+            message: format!(
+                "IO inside differentiated code: `{}` prints or reads/writes files",
+                self.m.graph(f).name
+            ),
+            note: Some("move the IO out of the function that is differentiated".into()),
+        }
+    }
+
+    /// J of a primitive applied to `arity` arguments.
+    fn j_prim(&mut self, p: Prim, arity: usize, at: Loc) -> R<GraphId> {
+        if let Some(g) = self.j_prims.get(&(p, arity)) {
+            return Ok(*g);
+        }
+        let info = p.info();
+        if info.category == Category::Io {
+            return Err(AdError {
+                loc: at,
+                message: format!("`{p}` (IO) inside differentiated code"),
+                note: Some("IO is allowed only outside functions that are differentiated".into()),
+            });
+        }
+        let rule = if !info.differentiable || rule_is_generated(p) {
+            None
+        } else {
+            match self.rules.prims.get(&p) {
+                Some(r) => Some(*r),
+                None => {
+                    return Err(AdError {
+                        loc: at,
+                        message: format!("`{p}` has no derivative rule"),
+                        note: Some("add a `bprop` for it in stdlib/bprop.adj".into()),
+                    })
+                }
+            }
+        };
+        if let Some(r) = rule {
+            let want = arity + 2;
+            let have = self.m.graph(r).params.len();
+            if have != want {
+                return Err(AdError {
+                    loc: self.m.graph(r).loc,
+                    message: format!(
+                        "the rule of `{p}` takes {have} parameters; expected {want} (the inputs, `out` and `dout`)"
+                    ),
+                    note: None,
+                });
+            }
+        }
+        let loc = Loc::NONE;
+        let jg = self.m.add_graph(format!("J.{}", info.name), loc);
+        self.j_prims.insert((p, arity), jg);
+        let xs: Vec<NodeId> = (0..arity)
+            .map(|i| self.m.add_param(jg, format!("x{i}"), loc))
+            .collect();
+        let out = self.prim(jg, p, &xs, loc);
+
+        let bg = self.m.add_graph(format!("B.{}", info.name), loc);
+        let dout = self.m.add_param(bg, "dout", loc);
+        // Zero in, zeros out.
+        let zg = self.m.add_graph(format!("B.{}.zero", info.name), loc);
+        let mut zs = Vec::new();
+        for _ in 0..=arity {
+            zs.push(self.zero(zg, loc));
+        }
+        let zo = self.prim(zg, Prim::MakeTuple, &zs, loc);
+        self.m.set_output(zg, zo);
+        let cg = self.m.add_graph(format!("B.{}.rule", info.name), loc);
+        let mut cots = vec![self.zero(cg, loc)];
+        match rule {
+            Some(r) => {
+                let rr = self.gref(r, loc);
+                let mut args = xs.clone();
+                args.push(out);
+                args.push(dout);
+                let d = self.call(cg, rr, &args, loc);
+                for i in 0..arity {
+                    cots.push(self.get(cg, d, i, loc));
+                }
+            }
+            None if !info.differentiable => {
+                for _ in 0..arity {
+                    cots.push(self.zero(cg, loc));
+                }
+            }
+            None => cots.extend(self.generated_rule(cg, p, &xs, dout)),
+        }
+        let co = self.prim(cg, Prim::MakeTuple, &cots, loc);
+        self.m.set_output(cg, co);
+        let z = self.prim(bg, Prim::IsZero, &[dout], loc);
+        let zr = self.gref(zg, loc);
+        let cr = self.gref(cg, loc);
+        let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
+        let r = self.call(bg, sw, &[], loc);
+        self.m.set_output(bg, r);
+        let bgr = self.gref(bg, loc);
+        let pair = self.prim(jg, Prim::MakeTuple, &[out, bgr], loc);
+        self.m.set_output(jg, pair);
+        Ok(jg)
+    }
+
+    /// Cotangents of the inputs of a variadic primitive.
+    fn generated_rule(&mut self, g: GraphId, p: Prim, xs: &[NodeId], dout: NodeId) -> Vec<NodeId> {
+        let loc = Loc::NONE;
+        let mut cots = Vec::new();
+        match p {
+            Prim::MakeTuple => {
+                for i in 0..xs.len() {
+                    cots.push(self.get(g, dout, i, loc));
+                }
+            }
+            Prim::MakeRecord => {
+                for pair in xs.chunks(2) {
+                    cots.push(self.zero(g, loc));
+                    cots.push(self.prim(g, Prim::RecordGet, &[dout, pair[0]], loc));
+                }
+            }
+            Prim::TensorLiteral => {
+                for i in 0..xs.len() {
+                    let k = self.konst(Const::Int(i as i64), loc);
+                    cots.push(self.prim(g, Prim::Index, &[dout, k], loc));
+                }
+            }
+            Prim::Index => {
+                let mut args = vec![xs[0], dout];
+                args.extend_from_slice(&xs[1..]);
+                cots.push(self.prim(g, Prim::IndexGrad, &args, loc));
+                for _ in 1..xs.len() {
+                    cots.push(self.zero(g, loc));
+                }
+            }
+            Prim::IndexGrad => {
+                cots.push(self.zero(g, loc));
+                let mut args = vec![dout];
+                args.extend_from_slice(&xs[2..]);
+                cots.push(self.prim(g, Prim::Index, &args, loc));
+                for _ in 2..xs.len() {
+                    cots.push(self.zero(g, loc));
+                }
+            }
+            _ => unreachable!("only variadic primitives have generated rules"),
+        }
+        cots
+    }
+
+    /// J of a function with a user-written `bprop`: the forward runs the
+    /// function as is; the backward calls the rule.
+    fn j_custom(&mut self, f: GraphId, rule: GraphId) -> R<GraphId> {
+        let name = self.m.graph(f).name.clone();
+        let loc = self.m.graph(f).loc;
+        let n = self.m.graph(f).params.len();
+        let have = self.m.graph(rule).params.len();
+        if have != n + 2 {
+            return Err(AdError {
+                loc: self.m.graph(rule).loc,
+                message: format!(
+                    "the bprop of `{name}` takes {have} parameters; expected {} (the inputs, `out` and `dout`)",
+                    n + 2
+                ),
+                note: None,
+            });
+        }
+        let jg = self.m.add_graph(format!("J.{name}"), loc);
+        let xs: Vec<NodeId> = (0..n)
+            .map(|i| {
+                let nm = self.m.graph(f).param_names[i].clone();
+                self.m.add_param(jg, nm, loc)
+            })
+            .collect();
+        let fr = self.gref(f, loc);
+        let out = self.call(jg, fr, &xs, loc);
+        let bg = self.m.add_graph(format!("B.{name}"), loc);
+        let dout = self.m.add_param(bg, "dout", loc);
+        let rr = self.gref(rule, loc);
+        let mut args = xs.clone();
+        args.push(out);
+        args.push(dout);
+        let d = self.call(bg, rr, &args, loc);
+        let mut cots = vec![self.zero(bg, loc)];
+        for i in 0..n {
+            cots.push(self.get(bg, d, i, loc));
+        }
+        let o = self.prim(bg, Prim::MakeTuple, &cots, loc);
+        self.m.set_output(bg, o);
+        let bgr = self.gref(bg, loc);
+        let pair = self.prim(jg, Prim::MakeTuple, &[out, bgr], loc);
+        self.m.set_output(jg, pair);
+        Ok(jg)
+    }
+}
+
+fn kind_name(k: &AdKind) -> &'static str {
+    match k {
+        AdKind::Grad {
+            with_value: true, ..
+        } => "value_and_grad",
+        AdKind::Grad { .. } => "grad",
+        AdKind::Vjp => "vjp",
+        AdKind::Jvp => "jvp",
+    }
+}

@@ -1,0 +1,4 @@
+#[test]
+fn smoke() {
+    assert!(std::path::Path::new(env!("CARGO_BIN_EXE_adjoint")).exists());
+}
