@@ -1128,7 +1128,7 @@ fn cotangent_structures_and_symbolic_zeros() {
     let (main, p) = ir.graph("main", &["x", "b", "s"]);
     let (x, b, s) = (p[0], p[1], p[2]);
     let (nw, nb, name) = (ir.string("w"), ir.string("b"), ir.string("name"));
-    let (zero_i, one, neg1) = (ir.int(0), ir.int(1), ir.int(-1));
+    let (one, neg1) = (ir.int(1), ir.int(-1));
     let z = ir.prim(main, Prim::Zero, &[]);
     let isz = ir.prim(main, Prim::IsZero, &[z]);
     let isx = ir.prim(main, Prim::IsZero, &[x]);

@@ -216,6 +216,38 @@ impl AbsVal {
         })
     }
 
+    /// The same value with closures nested deeper than `depth` (closures
+    /// captured by closures) replaced by `Unknown`.
+    pub fn truncate_funcs(&self, depth: usize) -> AbsVal {
+        match self {
+            AbsVal::Func(_) if depth == 0 => AbsVal::Unknown,
+            AbsVal::Func(cs) => AbsVal::Func(
+                cs.iter()
+                    .map(|c| match c {
+                        Closure::Graph { graph, captures } => Closure::Graph {
+                            graph: *graph,
+                            captures: captures
+                                .iter()
+                                .map(|v| v.truncate_funcs(depth - 1))
+                                .collect(),
+                        },
+                        Closure::Prim(p) => Closure::Prim(*p),
+                    })
+                    .collect(),
+            ),
+            AbsVal::Tuple(items) => {
+                AbsVal::Tuple(items.iter().map(|v| v.truncate_funcs(depth)).collect())
+            }
+            AbsVal::Record(fields) => AbsVal::Record(
+                fields
+                    .iter()
+                    .map(|(n, v)| (n.clone(), v.truncate_funcs(depth)))
+                    .collect(),
+            ),
+            _ => self.clone(),
+        }
+    }
+
     /// The same value with every known constant forgotten (strings keep
     /// their text).
     pub fn widen(&self) -> AbsVal {

@@ -174,6 +174,9 @@ impl Types {
     }
 }
 
+/// How deeply closures captured by closures are tracked.
+const MAX_CLOSURE_DEPTH: usize = 3;
+
 /// The abstract value of a constant other than a graph.
 fn const_value(c: &Const) -> Option<AbsVal> {
     Some(match c {
@@ -648,6 +651,13 @@ impl<'a> Interp<'a> {
                         }
                     }
                 }
+                // Closures that capture closures (backpropagators of loop
+                // iterations, say) could nest without end: past a small
+                // depth, a captured function is only known at run time.
+                let captures = captures
+                    .iter()
+                    .map(|c| c.truncate_funcs(MAX_CLOSURE_DEPTH))
+                    .collect();
                 Ok(AbsVal::Func(vec![Closure::Graph {
                     graph: *h,
                     captures,

@@ -100,6 +100,8 @@ fn leaves<'a>(v: &'a Value, out: &mut Vec<&'a Tensor>) -> Result<(), RtError> {
             out.push(t);
             Ok(())
         }
+        // A symbolic zero cotangent contributes nothing.
+        Value::Zero => Ok(()),
         other => Err(RtError::new(format!(
             "tree_sum: expected tensors in the tree, got {}",
             other.kind()
@@ -108,7 +110,8 @@ fn leaves<'a>(v: &'a Value, out: &mut Vec<&'a Tensor>) -> Result<(), RtError> {
 }
 
 /// `tree_sum(t)`: the sum of every element of every leaf, a scalar of the
-/// leaves' common dtype (an empty tree sums to a weak `0.0`).
+/// leaves' common dtype (an empty tree sums to a weak `0.0`). Symbolic
+/// zeros (`zero()`) in the tree are skipped.
 pub fn tree_sum(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "tree_sum";
     super::args::arity(op, args, 1)?;
@@ -189,6 +192,9 @@ mod tests {
         assert_eq!(call("tree_sum", &[Value::unit()]), v(Tensor::weak_f64(0.0)));
         let mixed = Value::tuple(vec![v(Tensor::scalar_f32(1.0)), v(Tensor::scalar_f64(1.0))]);
         assert!(call_err("tree_sum", &[mixed]).contains("dtype mismatch"));
+        let with_zero = Value::tuple(vec![Value::Zero, params(1.0, 2.0)]);
+        assert_eq!(call("tree_sum", &[with_zero]), v(Tensor::scalar_f32(6.0)));
+        assert_eq!(call("tree_sum", &[Value::Zero]), v(Tensor::weak_f64(0.0)));
         let bad = Value::tuple(vec![Value::str("x")]);
         assert!(call_err("tree_sum", &[bad]).contains("expected tensors"));
     }
