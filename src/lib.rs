@@ -32,6 +32,20 @@ impl SessionError {
     pub fn render(&self, color: bool) -> String {
         render(&self.diagnostics, &self.sources, color)
     }
+    /// An error with a message and no source location (bad command-line
+    /// input, say).
+    pub fn message(message: String) -> SessionError {
+        let mut sources = SourceMap::new();
+        let file = sources.add_file("<command line>", "");
+        SessionError {
+            diagnostics: vec![Diagnostic::error(
+                message,
+                adjoint_lang::Span::point(file, 0),
+            )],
+            sources,
+        }
+    }
+
     fn io(path: &Path, e: std::io::Error) -> SessionError {
         let mut sources = SourceMap::new();
         let file = sources.add_file(path.display().to_string(), "");
@@ -114,6 +128,28 @@ impl Session {
         let text = std::fs::read_to_string(path).map_err(|e| SessionError::io(path, e))?;
         self.path = Some(path.to_path_buf());
         self.load_named(path.display().to_string(), text, Some(path))
+    }
+
+    /// Loads a program from a file with `extra` source text appended (the
+    /// command line uses this for the driver functions of `adjoint grad`).
+    pub fn load_file_with(mut self, path: &Path, extra: &str) -> Result<Session, SessionError> {
+        let mut text = std::fs::read_to_string(path).map_err(|e| SessionError::io(path, e))?;
+        text.push('\n');
+        text.push_str(extra);
+        self.path = Some(path.to_path_buf());
+        self.load_named(path.display().to_string(), text, Some(path))
+    }
+
+    /// Runs function `name` of the loaded program (it must take no
+    /// arguments), writing what it prints to `out`; returns its result.
+    pub fn run_function(
+        &self,
+        name: &str,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Value, SessionError> {
+        let program = self.program();
+        let ex = with_stack(|| program.prepare(name)).map_err(|d| self.error(d))?;
+        program.execute(name, &ex, out).map_err(|d| self.error(d))
     }
 
     /// Loads a program from source text; `name` is shown in diagnostics.

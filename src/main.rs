@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use adjoint::{Mode, Session, SessionError};
+use adjoint::{Mode, Session, SessionError, Value};
+
+mod driver;
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +31,8 @@ enum ModeArg {
 enum Stage {
     Ast,
     Ir,
+    /// The IR of `grad(F)` for the function given with `--fn`.
+    Grad,
 }
 
 #[derive(Subcommand)]
@@ -41,6 +45,26 @@ enum Command {
     },
     /// Parse, lower and type-check a program without running it.
     Check { file: PathBuf },
+    /// Print the value and gradient of function FN at a point.
+    Grad {
+        file: PathBuf,
+        #[arg(value_name = "FN")]
+        function: String,
+        /// Arguments: numbers, tensor literals such as [1.0, 2.0], or .npy paths.
+        #[arg(long, num_args = 1.., required = true, allow_hyphen_values = true)]
+        at: Vec<String>,
+    },
+    /// Compare reverse mode with forward mode and finite differences.
+    CheckGrad {
+        file: PathBuf,
+        #[arg(value_name = "FN")]
+        function: String,
+        #[arg(long, num_args = 1.., required = true, allow_hyphen_values = true)]
+        at: Vec<String>,
+        /// Largest relative error accepted.
+        #[arg(long, default_value_t = 1e-4)]
+        tolerance: f64,
+    },
     /// Print one stage of the compiler's work on a program.
     Emit {
         file: PathBuf,
@@ -92,6 +116,30 @@ fn run(cli: Cli) -> ExitCode {
             stage,
             function,
         } => emit(&file, stage, function.as_deref()),
+        Command::Grad { file, function, at } => {
+            run_driver(&file, driver::grad_driver(&file, &function, &at)).map(|_| ())
+        }
+        Command::CheckGrad {
+            file,
+            function,
+            at,
+            tolerance,
+        } => match run_driver(&file, driver::check_grad_driver(&file, &function, &at)) {
+            Ok(v) => {
+                let worst = v
+                    .as_tensor()
+                    .and_then(|t| t.to_f64_scalar())
+                    .unwrap_or(f64::NAN);
+                if worst <= tolerance {
+                    println!("ok (tolerance {tolerance:e})");
+                    Ok(())
+                } else {
+                    println!("MISMATCH: worst relative error {worst:e} exceeds {tolerance:e}");
+                    return ExitCode::from(1);
+                }
+            }
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -110,8 +158,27 @@ fn run_file(file: &std::path::Path, mode: Mode) -> Result<(), SessionError> {
     session.run_main(&mut out)
 }
 
+/// Loads `file` with a generated driver function appended and runs it.
+fn run_driver(file: &std::path::Path, src: Result<String, String>) -> Result<Value, SessionError> {
+    let src = src.map_err(SessionError::message)?;
+    let session = Session::new(Mode::Eager).load_file_with(file, &src)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    session.run_function(driver::DRIVER, &mut out)
+}
+
 fn emit(file: &std::path::Path, stage: Stage, function: Option<&str>) -> Result<(), SessionError> {
     let text = match stage {
+        Stage::Grad => {
+            let Some(f) = function else {
+                return Err(SessionError::message(
+                    "`--stage grad` needs `--fn NAME`".into(),
+                ));
+            };
+            Session::new(Mode::Eager)
+                .load_file_with(file, &driver::emit_grad_driver(f))?
+                .emit_ir(Some(driver::DRIVER))?
+        }
         Stage::Ast => Session::emit_ast(file)?,
         Stage::Ir => Session::new(Mode::Eager)
             .load_file(file)?

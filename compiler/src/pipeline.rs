@@ -105,9 +105,15 @@ impl Program {
 
     /// Type-checks `main` and compiles it for the VM.
     pub fn prepare_main(&self) -> Result<Executable, Vec<Diagnostic>> {
-        let Some(main) = self.function("main") else {
+        self.prepare("main")
+    }
+
+    /// Type-checks entry function `name` (which takes no arguments) and
+    /// compiles it for the VM.
+    pub fn prepare(&self, name: &str) -> Result<Executable, Vec<Diagnostic>> {
+        let Some(main) = self.function(name) else {
             return Err(vec![Diagnostic::error(
-                "this program has no `main` function",
+                format!("this program has no `{name}` function"),
                 Span::point(self.root, 0),
             )]);
         };
@@ -129,7 +135,17 @@ impl Program {
         ex: &Executable,
         out: &mut dyn std::io::Write,
     ) -> Result<Value, Vec<Diagnostic>> {
-        let main = self.function("main").expect("prepared");
+        self.execute("main", ex, out)
+    }
+
+    /// Runs entry function `name` from a prepared executable.
+    pub fn execute(
+        &self,
+        name: &str,
+        ex: &Executable,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Value, Vec<Diagnostic>> {
+        let main = self.function(name).expect("prepared");
         let f = ex.function(main).expect("main is compiled");
         let mut vm = Vm::new(&ex.program, out);
         let r = vm.call(&f, vec![Value::Io]);

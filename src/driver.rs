@@ -1,0 +1,138 @@
+//! Driver functions for `adjoint grad` and `adjoint check-grad`: small
+//! Adjoint functions, generated from the command line and appended to the
+//! program, that call the user's function with the given arguments.
+
+use std::path::Path;
+
+use adjoint_lang::{ast, FileId};
+
+/// The name of the generated entry function.
+pub const DRIVER: &str = "__adjoint_driver";
+
+/// One command-line argument as an Adjoint expression: `.npy` paths are
+/// loaded; anything else must parse as an expression (`1.5`, `[1.0, 2.0]`).
+fn arg_expr(text: &str) -> Result<(String, bool), String> {
+    if text.ends_with(".npy") {
+        return Ok((format!("load_npy({:?})", text), true));
+    }
+    let (e, diags) = adjoint_lang::parser::parse_expr(FileId(0), text);
+    let Some(e) = e.filter(|_| diags.is_empty()) else {
+        return Err(format!("cannot read argument `{text}`: expected a number, a tensor literal such as [1.0, 2.0], or a .npy path"));
+    };
+    let is_int = match &*e.kind {
+        ast::ExprKind::Int(_) | ast::ExprKind::Bool(_) => true,
+        ast::ExprKind::Unary { operand, .. } => matches!(*operand.kind, ast::ExprKind::Int(_)),
+        _ => false,
+    };
+    Ok((format!("({text})"), !is_int))
+}
+
+/// Checks that `file` defines `function` with `n` parameters.
+fn check_function(path: &Path, function: &str, n: usize) -> Result<(), String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read \"{}\": {e}", path.display()))?;
+    let (module, _) = adjoint_lang::parse(FileId(0), &text);
+    let def = module.items.iter().find_map(|i| match i {
+        ast::Item::Fn(d) if d.name.name == function => Some(d),
+        _ => None,
+    });
+    match def {
+        None => Err(format!("{} has no function `{function}`", path.display())),
+        Some(d) if d.params.len() != n => Err(format!(
+            "`{function}` takes {} argument{}, but --at gives {n}",
+            d.params.len(),
+            if d.params.len() == 1 { "" } else { "s" }
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The driver of `adjoint grad`: prints the value and the gradient with
+/// respect to every float argument.
+pub fn grad_driver(path: &Path, function: &str, args: &[String]) -> Result<String, String> {
+    check_function(path, function, args.len())?;
+    let parsed: Vec<(String, bool)> = args.iter().map(|a| arg_expr(a)).collect::<Result<_, _>>()?;
+    let diff: Vec<usize> = (0..parsed.len()).filter(|i| parsed[*i].1).collect();
+    if diff.is_empty() {
+        return Err("no float argument to differentiate with respect to".into());
+    }
+    let call_args: Vec<String> = parsed.iter().map(|(e, _)| e.clone()).collect();
+    let argnums: Vec<String> = diff.iter().map(|i| i.to_string()).collect();
+    let mut src = format!(
+        "fn {DRIVER}() {{\n    let (v, g) = value_and_grad({function}, argnums = ({},))({});\n    print(\"value:\", v);\n",
+        argnums.join(", "),
+        call_args.join(", ")
+    );
+    for (k, i) in diff.iter().enumerate() {
+        src.push_str(&format!("    print(\"gradient {i}:\", g.{k});\n"));
+    }
+    src.push_str("}\n");
+    Ok(src)
+}
+
+/// The driver of `adjoint check-grad`: compares reverse mode with central
+/// finite differences and with forward mode, element by element, in f64.
+/// Returns the worst relative error as the function's result.
+pub fn check_grad_driver(path: &Path, function: &str, args: &[String]) -> Result<String, String> {
+    check_function(path, function, args.len())?;
+    let parsed: Vec<(String, bool)> = args.iter().map(|a| arg_expr(a)).collect::<Result<_, _>>()?;
+    let diff: Vec<usize> = (0..parsed.len()).filter(|i| parsed[*i].1).collect();
+    if diff.is_empty() {
+        return Err("no float argument to differentiate with respect to".into());
+    }
+    let mut src = format!("fn {DRIVER}() {{\n");
+    for (i, (e, is_float)) in parsed.iter().enumerate() {
+        if *is_float {
+            src.push_str(&format!("    let a{i} = f64({e});\n"));
+        } else {
+            src.push_str(&format!("    let a{i} = {e};\n"));
+        }
+    }
+    let all: Vec<String> = (0..parsed.len()).map(|i| format!("a{i}")).collect();
+    let argnums: Vec<String> = diff.iter().map(|i| i.to_string()).collect();
+    src.push_str(&format!(
+        "    let g = grad({function}, argnums = ({},))({});\n    let h = 1e-6;\n    let mut worst_fd = 0.0;\n    let mut worst_fwd = 0.0;\n",
+        argnums.join(", "),
+        all.join(", ")
+    ));
+    for (k, i) in diff.iter().enumerate() {
+        let with = |sub: &str| -> String {
+            (0..parsed.len())
+                .map(|j| {
+                    if j == *i {
+                        sub.to_string()
+                    } else {
+                        format!("a{j}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let tangents: Vec<String> = (0..parsed.len())
+            .map(|j| {
+                if j == *i {
+                    "e".to_string()
+                } else {
+                    format!("zeros_like(a{j})")
+                }
+            })
+            .collect();
+        src.push_str(&format!(
+            "    for k in 0..size(a{i}) {{\n        let e = reshape(one_hot(k, size(a{i}), dtype = f64), shape(a{i}));\n        let fd = ({function}({plus}) - {function}({minus})) / (2.0 * h);\n        let rev = sum(g.{k} * e);\n        let fwd = jvp({function}, ({all},), ({tan},)).1;\n        let scale = maximum(maximum(abs(rev), abs(fd)), 1e-6);\n        worst_fd = maximum(worst_fd, abs(rev - fd) / scale);\n        worst_fwd = maximum(worst_fwd, abs(rev - fwd) / maximum(abs(rev), 1e-6));\n    }}\n",
+            plus = with(&format!("a{i} + h * e")),
+            minus = with(&format!("a{i} - h * e")),
+            all = all.join(", "),
+            tan = tangents.join(", "),
+        ));
+    }
+    src.push_str(&format!(
+        "    print(\"value:\", {function}({}));\n    print(\"reverse vs finite differences: worst relative error\", worst_fd);\n    print(\"reverse vs forward mode: worst relative error\", worst_fwd);\n    maximum(worst_fd, worst_fwd)\n}}\n",
+        all.join(", ")
+    ));
+    Ok(src)
+}
+
+/// The driver of `emit --stage grad`: a function whose value is `grad(f)`.
+pub fn emit_grad_driver(function: &str) -> String {
+    format!("fn {DRIVER}() = grad({function})\n")
+}
