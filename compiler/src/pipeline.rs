@@ -156,7 +156,12 @@ impl Program {
                 Value::Tuple(t) if t.len() == 2 => t[1].clone(),
                 v => v,
             }),
-            Err(e) => Err(vec![vm_diagnostic(&e, ex, self.root)]),
+            Err(e) => Err(vec![vm_diagnostic(
+                &e,
+                ex,
+                self.root,
+                &self.lowered.stdlib_files,
+            )]),
         }
     }
 }
@@ -175,7 +180,25 @@ fn infer_diagnostic(e: &crate::infer::InferError, root: FileId) -> Diagnostic {
     d
 }
 
-fn vm_diagnostic(e: &VmError, ex: &Executable, root: FileId) -> Diagnostic {
+fn vm_diagnostic(e: &VmError, ex: &Executable, root: FileId, stdlib: &[FileId]) -> Diagnostic {
     let loc = e.loc.map(|l| ex.loc(l)).unwrap_or(Loc::NONE);
-    located(e.message.clone(), loc, root)
+    // Nodes made by differentiation for a primitive have no location of
+    // their own; standard-library code is not the user's.
+    let in_stdlib = |l: Loc| l.is_none() || stdlib.iter().any(|f| f.0 == l.file);
+    if !in_stdlib(loc) {
+        return located(e.message.clone(), loc, root);
+    }
+    // The failure is inside the standard library (a derivative rule, say):
+    // report it at the innermost call from the user's code.
+    let user = e
+        .trace
+        .iter()
+        .map(|l| ex.loc(*l))
+        .find(|l| !l.is_none() && !in_stdlib(*l));
+    match (user, span_of(loc)) {
+        (Some(u), Some(inner)) => located(e.message.clone(), u, root)
+            .with_secondary(inner, "while running this part of the standard library"),
+        (Some(u), None) => located(e.message.clone(), u, root),
+        _ => located(e.message.clone(), loc, root),
+    }
 }

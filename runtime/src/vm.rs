@@ -119,6 +119,8 @@ impl Program {
 pub struct VmError {
     pub message: String,
     pub loc: Option<LocIndex>,
+    /// The call sites of the frames that were running, innermost first.
+    pub trace: Vec<LocIndex>,
 }
 
 impl std::fmt::Display for VmError {
@@ -133,6 +135,8 @@ struct Frame {
     code: CodeId,
     pc: usize,
     slots: Vec<Option<Value>>,
+    /// Where this frame was called from.
+    call_loc: Option<LocIndex>,
     /// Slot of the caller that receives this frame's result; `None` for the
     /// bottom frame of a [`Vm::call`].
     ret_dst: Option<u32>,
@@ -190,8 +194,15 @@ impl<'a> Vm<'a> {
     pub fn call(&mut self, f: &Value, args: Vec<Value>) -> Result<Value, VmError> {
         let base = self.frames.len();
         self.push_frame(f, args, None, None)?;
-        let result = self.run(base);
-        if result.is_err() {
+        let mut result = self.run(base);
+        if let Err(e) = &mut result {
+            if e.trace.is_empty() {
+                e.trace = self.frames[base.min(self.frames.len())..]
+                    .iter()
+                    .rev()
+                    .filter_map(|f| f.call_loc)
+                    .collect();
+            }
             self.frames.truncate(base);
         }
         result
@@ -212,6 +223,7 @@ impl<'a> Vm<'a> {
                     self.limits.max_depth
                 ),
                 loc,
+                trace: Vec::new(),
             });
         }
         self.frames.push(frame);
@@ -229,6 +241,7 @@ impl<'a> Vm<'a> {
             return Err(VmError {
                 message: format!("cannot call a value of type {}", f.kind()),
                 loc,
+                trace: Vec::new(),
             });
         };
         let code = self.program.code(closure.code);
@@ -242,6 +255,7 @@ impl<'a> Vm<'a> {
                     args.len()
                 ),
                 loc,
+                trace: Vec::new(),
             });
         }
         let mut slots: Vec<Option<Value>> = Vec::with_capacity(code.n_slots as usize);
@@ -252,6 +266,7 @@ impl<'a> Vm<'a> {
             code: closure.code,
             pc: 0,
             slots,
+            call_loc: loc,
             ret_dst,
         })
     }
@@ -296,6 +311,7 @@ impl<'a> Vm<'a> {
                             return Err(self.pending.take().unwrap_or(VmError {
                                 message: e.to_string(),
                                 loc: Some(loc),
+                                trace: Vec::new(),
                             }))
                         }
                     }
@@ -317,6 +333,7 @@ impl<'a> Vm<'a> {
                                     c.kind()
                                 ),
                                 loc: Some(*loc),
+                                trace: Vec::new(),
                             })
                         }
                     };
@@ -350,6 +367,7 @@ impl<'a> Vm<'a> {
                                 self.limits.max_depth
                             ),
                             loc: Some(loc),
+                            trace: Vec::new(),
                         });
                     }
                     self.push_frame(&f, values, Some(dst), Some(loc))?;

@@ -75,6 +75,9 @@ pub struct Lowered {
     /// Graphs to build by differentiation, and the rules to build them.
     pub ad_requests: Vec<AdRequest>,
     pub ad_rules: Rules,
+    /// Files of the standard library (errors inside them are reported at
+    /// the user code that called into them).
+    pub stdlib_files: Vec<FileId>,
 }
 
 type R<T> = Result<T, Diagnostic>;
@@ -302,6 +305,12 @@ impl<'a> Lowerer<'a> {
             checks: lw.checks,
             ad_requests: lw.ad_requests,
             ad_rules,
+            stdlib_files: lw
+                .mods
+                .iter()
+                .filter(|m| m.internal)
+                .map(|m| m.file)
+                .collect(),
         })
     }
 
@@ -434,7 +443,11 @@ impl<'a> Lowerer<'a> {
                 let file = self.sources.add_file(name, text);
                 // Register before loading, so import cycles terminate.
                 self.mod_by_path.insert(key.clone(), self.mods.len());
-                self.load_module(file, idir)
+                let m = self.load_module(file, idir);
+                if key.starts_with("<stdlib>/") {
+                    self.mods[m].internal = true;
+                }
+                m
             }
         };
         self.mods[from].imports.insert(alias, target);
