@@ -71,6 +71,27 @@ pub struct AdError {
 
 type R<T> = Result<T, AdError>;
 
+/// Differentiable primitives that have no rule yet: differentiating
+/// through them is a compile-time error at the user's expression.
+pub const NO_RULE_YET: &[Prim] = &[
+    // Its derivative needs the trigamma function.
+    Prim::Digamma,
+    // Needs the derivative of a function applied leaf by leaf.
+    Prim::TreeMap,
+];
+
+/// Checks the rule table: every differentiable primitive has a rule, is
+/// generated here, or is listed in [`NO_RULE_YET`].
+pub fn missing_rules(rules: &Rules) -> Vec<Prim> {
+    Prim::ALL
+        .iter()
+        .copied()
+        .filter(|p| p.info().differentiable)
+        .filter(|p| !rule_is_generated(*p) && !NO_RULE_YET.contains(p))
+        .filter(|p| !rules.prims.contains_key(p))
+        .collect()
+}
+
 /// The primitives whose rule the transform writes itself (variadic ones).
 pub fn rule_is_generated(p: Prim) -> bool {
     matches!(

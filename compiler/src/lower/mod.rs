@@ -592,6 +592,18 @@ impl<'a> Lowerer<'a> {
             }
         }
         self.drain_pending();
+        let missing = crate::ad::missing_rules(&rules);
+        if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|p| p.name()).collect();
+            let span = Span::point(self.mods[self.bprop_mod.unwrap_or(0)].file, 0);
+            self.error(
+                Diagnostic::error(
+                    format!("no derivative rule for: {}", names.join(", ")),
+                    span,
+                )
+                .with_note("every differentiable primitive needs a `bprop` in stdlib/bprop.adj"),
+            );
+        }
         rules
     }
 
