@@ -75,7 +75,7 @@ impl Program {
     }
 
     fn infer_entry(&self, entry: GraphId) -> Result<(), Vec<Diagnostic>> {
-        use crate::infer::{infer_module, AbsVal};
+        use crate::infer::{infer_module_with, AbsVal, InferOptions};
         let m = &self.lowered.module;
         let nparams = m.graph(entry).params.len();
         let mut args = Vec::new();
@@ -85,8 +85,13 @@ impl Program {
             }
             args.push(AbsVal::Io);
         }
-        let types =
-            infer_module(m, entry, &args).map_err(|e| vec![infer_diagnostic(&e, self.root)])?;
+        let internal: Vec<u32> = self.lowered.stdlib_files.iter().map(|f| f.0).collect();
+        let opts = InferOptions {
+            internal_files: &internal,
+            ..InferOptions::default()
+        };
+        let types = infer_module_with(m, entry, &args, &opts)
+            .map_err(|e| vec![infer_diagnostic(&e, self.root)])?;
         let failed = crate::checks::run(&self.lowered.checks, m, &types);
         if failed.is_empty() {
             Ok(())

@@ -200,6 +200,8 @@ prims! {
     MatrixT = "mT", Reindex, X, false, true;
     /// The derivative of `lgamma`.
     Digamma = "digamma", Map, X, false, true;
+    /// The derivative of `digamma`.
+    Trigamma = "trigamma", Map, X, false, true;
     // Values made by differentiation. Cotangents that are known to be zero
     // are the symbolic zero `zero()`; cotangents of free variables travel in
     // environments keyed by the forward node's id.
@@ -214,7 +216,8 @@ prims! {
     GradFinalize = "grad_finalize", Struct, &[req("d"), req("x")], false, true;
     /// Sums `x` down to the shape of `like` (undoes broadcasting).
     SumTo = "sum_to", Reduce, &[req("x"), req("like")], false, true;
-    /// A float mask of the first extremal element along the reduced axes.
+    /// A mask of `x`'s type: 1 at the first extremal element of each group
+    /// reduced over `axis` (the minimum when `is_min`), 0 elsewhere.
     ExtremumMask = "extremum_mask", Reduce, &[req("x"), req("axis"), req("is_min")], false, false;
     /// `transpose(d, inverse of perm)`.
     TransposeGrad = "transpose_grad", Reindex, &[req("d"), req("perm")], false, true;

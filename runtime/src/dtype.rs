@@ -104,7 +104,7 @@ pub enum UnaryClass {
 pub fn unary_class(op: &str) -> Option<UnaryClass> {
     Some(match op {
         "exp" | "log" | "log1p" | "sin" | "cos" | "tanh" | "sigmoid" | "sqrt" | "rsqrt"
-        | "lgamma" | "digamma" | "erf" => UnaryClass::Float,
+        | "lgamma" | "digamma" | "trigamma" | "erf" => UnaryClass::Float,
         "neg" | "abs" | "sign" | "relu" | "floor" | "ceil" => UnaryClass::Numeric,
         "not" => UnaryClass::Logical,
         _ => return None,

@@ -74,8 +74,8 @@ type R<T> = Result<T, AdError>;
 /// Differentiable primitives that have no rule yet: differentiating
 /// through them is a compile-time error at the user's expression.
 pub const NO_RULE_YET: &[Prim] = &[
-    // Its derivative needs the trigamma function.
-    Prim::Digamma,
+    // Its derivative needs the tetragamma function.
+    Prim::Trigamma,
     // Needs the derivative of a function applied leaf by leaf.
     Prim::TreeMap,
 ];
@@ -293,7 +293,9 @@ impl Ad<'_> {
                 self.m.set_output(l, o);
                 self.fv = free_variables(self.m);
                 let jl = self.j_graph(l, loc)?;
-                let u0 = self.prim(t, Prim::ZerosLike, &[y], loc);
+                // Any point will do for a linear map: zeros shaped like y.
+                let z = self.zero(t, loc);
+                let u0 = self.prim(t, Prim::GradFinalize, &[z, y], loc);
                 let jlr = self.gref(jl, loc);
                 let r2 = self.call(t, jlr, &[u0], loc);
                 let bp2 = self.get(t, r2, 1, loc);

@@ -68,6 +68,9 @@ pub struct InferOptions<'a> {
     /// How to type loads; without it, loaded data is [`AbsVal::Unknown`]
     /// (checked when the program runs).
     pub load_type: Option<&'a LoadTypeFn>,
+    /// Files whose code is not the user's (the standard library): an error
+    /// inside them is reported at the user's call into them.
+    pub internal_files: &'a [u32],
 }
 
 /// Identifies a specialisation in [`Types`].
@@ -705,6 +708,7 @@ impl<'a> Interp<'a> {
             return self.call_both(n, cond, &a, &b, args, arg_nodes, &value_of);
         }
         self.call_value(&callee, args, arg_nodes, n, &value_of)
+            .map_err(|e| self.relocate(e, n))
     }
 
     /// For a callee `switch(c, a, b)` whose condition is computed from
@@ -775,6 +779,32 @@ impl<'a> Interp<'a> {
             return Err(self.branch_error(site, &[(ra, graph_of(a))], &rb, graph_of(b)));
         }
         Ok((if cond { ra } else { rb }, called))
+    }
+
+    /// An error raised inside standard-library code (or code that
+    /// differentiation generated, which has no location) is reported at the
+    /// user's call `site`, with the inner location as a secondary label.
+    fn relocate(&self, e: InferError, site: NodeId) -> InferError {
+        let internal = |l: Loc| l.is_none() || self.opts.internal_files.contains(&l.file);
+        let at = self.loc(site);
+        if !internal(e.loc) || internal(at) {
+            return e;
+        }
+        let mut secondary = e.secondary;
+        if !e.loc.is_none() {
+            secondary.insert(
+                0,
+                (
+                    e.loc,
+                    "while checking this part of the standard library".to_string(),
+                ),
+            );
+        }
+        InferError {
+            loc: at,
+            message: e.message,
+            secondary,
+        }
     }
 
     /// Calls function value `f` at application `site`.

@@ -103,6 +103,7 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         | Prim::Rsqrt
         | Prim::Lgamma
         | Prim::Digamma
+        | Prim::Trigamma
         | Prim::Erf => unary(p, &args[0], None),
         Prim::Add => binary(p, args, |a, b| Some(a.wrapping_add(b))),
         Prim::Sub => binary(p, args, |a, b| Some(a.wrapping_sub(b))),

@@ -277,15 +277,17 @@ impl Lowerer<'_> {
         let vars = self.carried(cx, &scan::assigned_in_if(ifx));
         let c = self.lower_expr(module, cx, &ifx.cond)?;
         let (j, mut jcx, _) = self.join_graph(cx, "join", &[], &vars, span);
-        self.lower_stmts(module, &mut jcx, rest, tail, end, k)?;
         let jump = Cont::Jump {
             graph: j,
             prefix: Vec::new(),
             vars,
         };
+        // The branches first: the statements after the `if` may shadow
+        // names the branches use.
         let (t, e) = self.lower_branches(module, cx, ifx, span, &jump)?;
         let out = self.switch_call(cx, c, t, e, &[], span);
         self.m.set_output(cx.graph, out);
+        self.lower_stmts(module, &mut jcx, rest, tail, end, k)?;
         Ok(None)
     }
 
@@ -354,7 +356,6 @@ impl Lowerer<'_> {
     ) -> R<Option<NodeId>> {
         let vars = self.carried(cx, &scan::assigned_in_block(body));
         let (after, mut acx, _) = self.join_graph(cx, "after", &[], &vars, span);
-        self.lower_stmts(module, &mut acx, rest, tail, end, k)?;
         let (header, mut hcx, _) = self.join_graph(cx, "while", &[], &vars, span);
         let c = self.lower_expr(module, &mut hcx, cond)?;
         let (b, mut bcx, _) = self.join_graph(&hcx, "body", &[], &vars, body.span);
@@ -380,6 +381,9 @@ impl Lowerer<'_> {
         };
         let u = self.unit(span);
         self.finish(cx, u, &enter, span);
+        // The statements after the loop last: they may shadow names the
+        // loop uses.
+        self.lower_stmts(module, &mut acx, rest, tail, end, k)?;
         Ok(None)
     }
 
@@ -412,7 +416,6 @@ impl Lowerer<'_> {
         };
         let vars = self.carried(cx, &scan::assigned_in_block(body));
         let (after, mut acx, _) = self.join_graph(cx, "after", &[], &vars, span);
-        self.lower_stmts(module, &mut acx, rest, tail, end, k)?;
         let (header, mut hcx, extra) = self.join_graph(cx, "for", &["i"], &vars, span);
         let i = extra[0];
         let c = self.prim(&hcx, Prim::Lt, &[i, hi], pattern.span);
@@ -450,6 +453,7 @@ impl Lowerer<'_> {
         };
         let u = self.unit(span);
         self.finish(cx, u, &enter, span);
+        self.lower_stmts(module, &mut acx, rest, tail, end, k)?;
         Ok(None)
     }
 

@@ -26,6 +26,7 @@ fn float_fn<T: Float>(op: &str) -> Result<fn(T) -> T, RtError> {
         "lgamma" => T::lgamma,
         "erf" => T::erf,
         "digamma" => T::digamma,
+        "trigamma" => T::trigamma,
         _ => return Err(RtError::internal(format!("{op} is not a float map"))),
     })
 }
@@ -218,7 +219,7 @@ macro_rules! binary_kernels {
 
 unary_kernels!(
     neg, exp, log, log1p, sin, cos, tanh, sigmoid, relu, sqrt, rsqrt, abs, sign, floor, ceil,
-    lgamma, digamma, erf, not
+    lgamma, digamma, trigamma, erf, not
 );
 binary_kernels!(add, sub, mul, div, pow, rem, maximum, minimum, eq, ne, lt, le, gt, ge, and, or);
 

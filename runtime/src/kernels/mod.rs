@@ -141,6 +141,7 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("ceil", map::ceil),
     ("lgamma", map::lgamma),
     ("digamma", map::digamma),
+    ("trigamma", map::trigamma),
     ("erf", map::erf),
     ("not", map::not),
     // binary maps
