@@ -639,6 +639,7 @@ fn io_is_threaded_through_the_state_token() {
     };
     let opts = InferOptions {
         load_type: Some(&load),
+        ..InferOptions::default()
     };
     let types = infer_module_with(&ir.m, main, &args, &opts).unwrap();
     assert_eq!(types.result().to_string(), "(io, f32[10])");

@@ -18,6 +18,37 @@ pub struct Closure {
     pub captures: Vec<Value>,
 }
 
+/// Closures can form long chains (the backpropagator of each loop
+/// iteration captures the next one's): drop them with a work list rather
+/// than recursively, so a chain of a million closures cannot overflow the
+/// stack.
+impl Drop for Closure {
+    fn drop(&mut self) {
+        let mut stack: Vec<Value> = std::mem::take(&mut self.captures);
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::Func(f) => {
+                    if let Some(mut c) = Arc::into_inner(f) {
+                        stack.append(&mut c.captures);
+                    }
+                }
+                Value::Tuple(t) if Arc::strong_count(&t) == 1 => {
+                    // Move the elements to the work list; dropping the tuple
+                    // then only releases references.
+                    stack.extend(t.iter().cloned());
+                }
+                Value::Env(e) if Arc::strong_count(&e) == 1 => {
+                    stack.extend(e.iter().map(|(_, v)| v.clone()));
+                }
+                Value::Record(r) if Arc::strong_count(&r) == 1 => {
+                    stack.extend(r.fields.iter().map(|(_, v)| v.clone()));
+                }
+                other => drop(other),
+            }
+        }
+    }
+}
+
 /// A record: named fields in written order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {

@@ -151,7 +151,9 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { max_depth: 200_000 }
+        Limits {
+            max_depth: 1_000_000,
+        }
     }
 }
 

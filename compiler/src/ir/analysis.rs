@@ -43,7 +43,7 @@ pub fn graph_body_with(m: &Module, g: GraphId, fv: &FreeVars) -> Vec<NodeId> {
     // variables.
     let deps = |n: NodeId| -> Vec<NodeId> {
         let mut d = Vec::new();
-        let mut push_graph = |h: GraphId, d: &mut Vec<NodeId>| {
+        let push_graph = |h: GraphId, d: &mut Vec<NodeId>| {
             d.extend(fv.get(h).iter().copied());
         };
         match &m.node(n).kind {

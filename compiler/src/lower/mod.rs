@@ -90,7 +90,6 @@ struct FnKey {
 
 struct ModInfo {
     file: FileId,
-    dir: Option<PathBuf>,
     ast: Rc<ast::Module>,
     fns: HashMap<String, usize>,
     bprops: HashMap<String, usize>,
@@ -355,7 +354,7 @@ impl<'a> Lowerer<'a> {
         }
         self.mods.push(ModInfo {
             file,
-            dir: dir.clone(),
+
             ast: ast.clone(),
             fns,
             bprops,

@@ -245,10 +245,3 @@ pub(crate) fn calls_in(body: &Expr) -> Vec<CallTarget> {
     });
     out
 }
-
-/// The names a pattern binds.
-pub(crate) fn bound_names(p: &Pattern) -> Vec<String> {
-    let mut out = Vec::new();
-    pattern_names(p, &mut out);
-    out
-}
