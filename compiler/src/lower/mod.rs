@@ -1227,6 +1227,26 @@ impl<'a> Lowerer<'a> {
             }
             _ => {}
         }
+        // `grad(f)(x, k = ..)`: the gradient takes f's parameters, so its
+        // call resolves keywords and defaults against f's definition.
+        if let ExprKind::Call {
+            callee: inner,
+            args: inner_args,
+        } = &*callee.kind
+        {
+            if let ExprKind::Name(d) = &*inner.kind {
+                let is_grad = (d == "grad" || d == "value_and_grad") && self.lookup(d).is_none();
+                if let (true, Some(first)) = (is_grad, inner_args.first()) {
+                    if let Some(def) = self.static_fn_def(module, &first.value) {
+                        let g = self.lower_expr(module, cx, callee)?;
+                        let Some(Const::Graph(target)) = self.m.as_const(g).cloned() else {
+                            unreachable!("grad(..) lowers to a graph constant")
+                        };
+                        return self.call_def(module, cx, target, &def, false, args, span);
+                    }
+                }
+            }
+        }
         let f = self.lower_expr(module, cx, callee)?;
         let mut vals = Vec::new();
         for a in args {
@@ -1321,6 +1341,19 @@ impl<'a> Lowerer<'a> {
         self.call(cx, callee, vals, false, span)
     }
 
+    /// The definition of a function named by `e`, when it is one (for
+    /// keyword arguments and defaults).
+    fn static_fn_def(&self, module: usize, e: &Expr) -> Option<Rc<FnDef>> {
+        let ExprKind::Name(n) = &*e.kind else {
+            return None;
+        };
+        match self.lookup(n) {
+            Some(Binding::LocalFn(f)) => Some(f.def.clone()),
+            Some(_) => None,
+            None => self.global_fn(module, n).map(|k| self.fn_def(k)),
+        }
+    }
+
     /// The graph of a function known at compile time: a function name, a
     /// lambda, a module member, or another `grad(..)`.
     fn resolve_static_fn(&mut self, module: usize, cx: &mut Cx, e: &Expr) -> R<(GraphId, String)> {
@@ -1332,11 +1365,18 @@ impl<'a> Lowerer<'a> {
             .with_note("pass a function by name, a lambda, or `grad(..)` of one")
         };
         let io = |n: &str| {
-            Diagnostic::error(
+            let mut d = Diagnostic::error(
                 format!("IO inside differentiated code: `{n}` prints or reads/writes files"),
                 e.span,
             )
-            .with_note("move the IO out of the function that is differentiated")
+            .with_note("move the IO out of the function that is differentiated");
+            // Show the IO itself when the function is a global one.
+            if let Some(def) = self.global_fn(module, n).map(|k| self.fn_def(k)) {
+                if let Some(at) = first_io_call(&def.body) {
+                    d = d.with_secondary(at, "the IO happens here");
+                }
+            }
+            d
         };
         match &*e.kind {
             ExprKind::Name(n) => {
@@ -1610,6 +1650,24 @@ fn default_const(d: prim::Default) -> Const {
         prim::Default::Bool(b) => Const::Bool(b),
         prim::Default::Int(i) => Const::Int(i),
     }
+}
+
+/// The span of the first call of an IO primitive in `body` (not inside
+/// lambdas).
+fn first_io_call(body: &Expr) -> Option<Span> {
+    let mut found = None;
+    scan::walk_expr(body, true, &mut |v| {
+        if let scan::Visit::Expr(x) = v {
+            if let ExprKind::Call { callee, .. } = &*x.kind {
+                if let ExprKind::Name(n) = &*callee.kind {
+                    if found.is_none() && is_io_name(n) {
+                        found = Some(x.span);
+                    }
+                }
+            }
+        }
+    });
+    found
 }
 
 /// `argnums = 1` or `argnums = (0, 2)`: ints written in the source.
