@@ -50,6 +50,21 @@ pub fn checked_size(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
 }
 
+/// The largest tensor the runtime will allocate, in elements (a resource
+/// limit: larger requests are errors, not aborts).
+pub const MAX_ELEMENTS: usize = 1 << 32;
+
+/// Checks that a tensor of `n` elements may be allocated.
+pub fn check_alloc(op: &str, n: usize) -> Result<(), String> {
+    if n > MAX_ELEMENTS {
+        Err(format!(
+            "{op}: a tensor of {n} elements is larger than the limit of {MAX_ELEMENTS}"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Number of elements (saturating).
 pub fn size(shape: &[usize]) -> usize {
     checked_size(shape).unwrap_or(usize::MAX)

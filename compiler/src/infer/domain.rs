@@ -24,6 +24,12 @@ use crate::prim::Prim;
 /// Int and bool tensors with at most this many elements keep their values.
 pub const MAX_CONST_ELEMS: usize = 256;
 
+/// Abstract values with more parts than this (see [`AbsVal::exceeds_parts`])
+/// are rejected: abstract values share nothing, so a type that doubles at
+/// each step (`let t2 = (t1, t1);`, or a recursion that passes `(t, t)`)
+/// would otherwise exhaust memory in a few dozen steps.
+pub const MAX_VALUE_PARTS: usize = 100_000;
+
 /// What inference knows about a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AbsTensor {
@@ -128,6 +134,33 @@ pub enum AbsVal {
 }
 
 impl AbsVal {
+    /// Whether the value has more than `limit` parts, counting every tensor,
+    /// string, tuple, record, field, closure and captured value once. Stops
+    /// counting past the limit.
+    pub fn exceeds_parts(&self, limit: usize) -> bool {
+        let mut count = 0usize;
+        let mut stack = vec![self];
+        while let Some(v) = stack.pop() {
+            count += 1;
+            if count > limit {
+                return true;
+            }
+            match v {
+                AbsVal::Tuple(items) => stack.extend(items),
+                AbsVal::Record(fields) => stack.extend(fields.iter().map(|(_, v)| v)),
+                AbsVal::Func(closures) => {
+                    for c in closures {
+                        if let Closure::Graph { captures, .. } = c {
+                            stack.extend(captures);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+
     /// A tensor of unknown value.
     pub fn tensor(dtype: DType, shape: &[usize]) -> AbsVal {
         AbsVal::Tensor(AbsTensor::new(dtype, shape.to_vec(), false))
@@ -551,6 +584,28 @@ mod tests {
             generalize(&new, &old),
             AbsVal::Tuple(vec![t(I64, &[], true), AbsVal::int(10, true)])
         );
+    }
+
+    #[test]
+    fn parts_are_counted_up_to_the_limit() {
+        let x = AbsVal::scalar(F32);
+        assert!(!x.exceeds_parts(1));
+        assert!(x.exceeds_parts(0));
+        let pair = AbsVal::Tuple(vec![x.clone(), x.clone()]);
+        assert!(!pair.exceeds_parts(3) && pair.exceeds_parts(2));
+        let rec = AbsVal::Record(vec![("a".into(), pair.clone()), ("b".into(), x.clone())]);
+        assert!(!rec.exceeds_parts(5) && rec.exceeds_parts(4));
+        let f = AbsVal::Func(vec![Closure::Graph {
+            graph: GraphId(0),
+            captures: vec![rec.clone()],
+        }]);
+        assert!(!f.exceeds_parts(6) && f.exceeds_parts(5));
+        // counting stops at the limit
+        let mut t = x;
+        for _ in 0..17 {
+            t = AbsVal::Tuple(vec![t.clone(), t]);
+        }
+        assert!(t.exceeds_parts(MAX_VALUE_PARTS));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::rc::Rc;
 
-use super::domain::{generalize_all, join, AbsTensor, AbsVal, Closure};
+use super::domain::{generalize_all, join, AbsTensor, AbsVal, Closure, MAX_VALUE_PARTS};
 use super::provenance;
 use super::rules::{self, Calls, RuleCtx, RuleError};
 use super::InferError;
@@ -604,6 +604,7 @@ impl<'a> Interp<'a> {
         let body = self.body(g);
         for &n in body.iter() {
             let (v, called) = self.eval_apply(n, &values)?;
+            self.check_size(n, &v)?;
             if !called.is_empty() {
                 calls.insert(n, called);
             }
@@ -617,12 +618,26 @@ impl<'a> Interp<'a> {
                 continue;
             }
             let (v, called) = self.eval_apply(n, &values)?;
+            self.check_size(n, &v)?;
             if !called.is_empty() {
                 calls.insert(n, called);
             }
             values.insert(n, v);
         }
         Ok((result, values, calls))
+    }
+
+    /// Rejects a value with more than [`MAX_VALUE_PARTS`] parts.
+    fn check_size(&self, n: NodeId, v: &AbsVal) -> Result<(), InferError> {
+        if v.exceeds_parts(MAX_VALUE_PARTS) {
+            return Err(InferError::new(
+                self.loc(n),
+                format!(
+                    "this value is too large for type inference: more than {MAX_VALUE_PARTS} parts (tuple elements, record fields, tensors)"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The value of node `n` used in graph `g`.

@@ -103,8 +103,9 @@ pub fn shape(op: &str, v: &Value) -> Result<Vec<usize>, RtError> {
                 .map_err(|_| RtError::new(format!("{op}: invalid dimension {d} in the shape")))
         })
         .collect::<Result<_, _>>()?;
-    crate::shape::checked_size(&shape)
+    let n = crate::shape::checked_size(&shape)
         .ok_or_else(|| RtError::new(format!("{op}: the shape is too large")))?;
+    crate::shape::check_alloc(op, n).map_err(RtError::new)?;
     Ok(shape)
 }
 

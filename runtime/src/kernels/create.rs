@@ -87,6 +87,7 @@ pub fn arange(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
         ))
     };
     if let Some(k) = n.to_i64_scalar() {
+        rule(shape::check_alloc(op, k.max(0) as usize))?;
         let dt = dtype_or(op, &args[1], DType::I64)?;
         let t = Tensor::vector((0..k.max(0)).collect::<Vec<i64>>());
         return Ok(Value::Tensor(t.cast(dt)));
@@ -114,6 +115,7 @@ pub fn eye(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let size = n
         .checked_mul(n)
         .ok_or_else(|| RtError::new(format!("eye: size {n} is too large")))?;
+    rule(shape::check_alloc(op, size))?;
     let mut v = vec![0.0f64; size];
     for i in 0..n {
         v[i * n + i] = 1.0;
@@ -130,6 +132,7 @@ pub fn one_hot(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let dt = dtype_or(op, &args[2], DType::F32)?;
     let out = rule(shape::one_hot(labels.ty(), n))?;
     let classes = n as usize;
+    rule(shape::check_alloc(op, shape::size(&out)))?;
     let mut v = vec![0.0f64; shape::size(&out)];
     for (row, label) in labels.as_i64_vec().into_iter().enumerate() {
         if !(0..n).contains(&label) {

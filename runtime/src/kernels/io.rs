@@ -79,10 +79,64 @@ fn npy_vec<T: npyz::Deserialize>(
         .map_err(|e| read_err(path, describe(&e)))
 }
 
+/// Whether the `shape` in an .npy header has a product that overflows.
+fn header_shape_overflows(bytes: &[u8]) -> bool {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return false;
+    }
+    let (len, start) = if bytes[6] == 1 {
+        (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10)
+    } else if bytes.len() >= 12 {
+        (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        )
+    } else {
+        return false;
+    };
+    let Some(header) = bytes.get(start..start.saturating_add(len)) else {
+        return false;
+    };
+    let header = String::from_utf8_lossy(header);
+    let Some(at) = header.find("shape") else {
+        return false;
+    };
+    let rest = &header[at..];
+    let (Some(open), Some(close)) = (rest.find('('), rest.find(')')) else {
+        return false;
+    };
+    if close < open {
+        return false;
+    }
+    let mut n: u64 = 1;
+    for part in rest[open + 1..close].split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        match part.parse::<u64>() {
+            Ok(d) => match n.checked_mul(d) {
+                Some(m) => n = m,
+                None => return true,
+            },
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
 /// Reads an .npy file's bytes into a tensor (C or Fortran order).
 fn npy_tensor(path: &str, bytes: &[u8]) -> Result<Tensor, RtError> {
+    // npyz multiplies the header's dimensions without checking for
+    // overflow (a panic in debug builds): check the shape first.
+    if header_shape_overflows(bytes) {
+        return Err(read_err(path, "the header's shape is too large"));
+    }
     let file = npyz::NpyFile::new(bytes).map_err(|e| read_err(path, describe(&e)))?;
     let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    let n = crate::shape::checked_size(&shape)
+        .ok_or_else(|| read_err(path, "the header's shape is too large"))?;
+    crate::shape::check_alloc("load_npy", n).map_err(RtError::new)?;
     let fortran = file.order() == npyz::Order::Fortran;
     let npyz::DType::Plain(ts) = file.dtype() else {
         return Err(read_err(path, "structured arrays are not supported"));

@@ -114,6 +114,7 @@ pub fn permutation(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     arity(op, args, 2)?;
     let n = int(op, &args[0], "n")?;
     let n = usize::try_from(n).map_err(|_| RtError::new(format!("{op}: invalid length {n}")))?;
+    crate::shape::check_alloc(op, n).map_err(RtError::new)?;
     let seed = seed_arg(op, &args[1])?;
     let mut p: Vec<i64> = (0..n as i64).collect();
     for i in (1..n).rev() {
