@@ -84,7 +84,7 @@ fn header_shape_overflows(bytes: &[u8]) -> bool {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return false;
     }
-    let (len, start) = if bytes[6] == 1 {
+    let (len, start): (usize, usize) = if bytes[6] == 1 {
         (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10)
     } else if bytes.len() >= 12 {
         (
