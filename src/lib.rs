@@ -25,11 +25,22 @@ pub enum Mode {
 pub struct SessionError {
     pub diagnostics: Vec<Diagnostic>,
     sources: SourceMap,
+    /// An error with no place in a source file (an input file that cannot
+    /// be read, a bad command-line argument): rendered as one line.
+    plain: bool,
 }
 
 impl SessionError {
-    /// The diagnostics rendered with source excerpts (`file:line:col`).
+    /// The diagnostics rendered with source excerpts (`file:line:col`); an
+    /// error that has no place in a source file as one line, `error: ...`.
     pub fn render(&self, color: bool) -> String {
+        if self.plain {
+            return self
+                .diagnostics
+                .iter()
+                .map(|d| format!("error: {}\n", d.message))
+                .collect();
+        }
         render(&self.diagnostics, &self.sources, color)
     }
     /// An error with a message and no source location (bad command-line
@@ -43,6 +54,7 @@ impl SessionError {
                 adjoint_lang::Span::point(file, 0),
             )],
             sources,
+            plain: true,
         }
     }
 
@@ -60,6 +72,7 @@ impl SessionError {
                 adjoint_lang::Span::point(file, 0),
             )],
             sources,
+            plain: true,
         }
     }
 }
@@ -178,6 +191,7 @@ impl Session {
         SessionError {
             diagnostics,
             sources: self.sources.clone(),
+            plain: false,
         }
     }
 
@@ -238,6 +252,7 @@ impl Session {
             return Err(SessionError {
                 diagnostics: diags,
                 sources,
+                plain: false,
             });
         }
         Ok(adjoint_lang::dump(&module, &sources))

@@ -131,10 +131,11 @@ fn run(cli: Cli) -> ExitCode {
                     .and_then(|t| t.to_f64_scalar())
                     .unwrap_or(f64::NAN);
                 if worst <= tolerance {
-                    println!("ok (tolerance {tolerance:e})");
-                    Ok(())
+                    write_stdout(&format!("ok (tolerance {tolerance:e})\n"))
                 } else {
-                    println!("MISMATCH: worst relative error {worst:e} exceeds {tolerance:e}");
+                    let _ = write_stdout(&format!(
+                        "MISMATCH: worst relative error {worst:e} exceeds {tolerance:e}\n"
+                    ));
                     return ExitCode::from(1);
                 }
             }
@@ -145,7 +146,7 @@ fn run(cli: Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = std::io::stdout().flush();
-            eprint!("{}", e.render(color));
+            let _ = write!(std::io::stderr(), "{}", e.render(color));
             ExitCode::from(1)
         }
     }
@@ -184,6 +185,18 @@ fn emit(file: &std::path::Path, stage: Stage, function: Option<&str>) -> Result<
             .load_file(file)?
             .emit_ir(function)?,
     };
-    print!("{text}");
-    Ok(())
+    write_stdout(&text)
+}
+
+/// Writes to standard output; a reader that has gone away (`| head`) is
+/// not an error, any other failure is reported.
+fn write_stdout(text: &str) -> Result<(), SessionError> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(SessionError::message(format!(
+            "cannot write the output: {e}"
+        ))),
+    }
 }

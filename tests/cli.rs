@@ -1,4 +1,445 @@
+//! The `adjoint` command, run as a separate process: exit statuses, what
+//! goes to standard output and what to standard error (README "The
+//! `adjoint` command", docs/language.md §6).
+//!
+//! Every run goes through [`adjoint`], which also checks that standard
+//! error never shows a panic or a backtrace (`RUST_BACKTRACE=1` is set to
+//! make one visible if the command ever panics).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// A scratch directory for one test, removed when dropped.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(test: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("adjoint-cli-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create a scratch directory");
+        Dir(p)
+    }
+    fn write(&self, name: &str, text: impl AsRef<[u8]>) -> &Dir {
+        std::fs::write(self.0.join(name), text).expect("write a scratch file");
+        self
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The outcome of one run.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn no_crash(r: &Run) {
+    for bad in [
+        "panicked",
+        "RUST_BACKTRACE",
+        "stack backtrace",
+        "internal compiler error",
+    ] {
+        assert!(!r.stderr.contains(bad), "stderr mentions `{bad}`:\n{r:?}");
+    }
+    assert_ne!(r.code, Some(101), "exit status 101 is a panic:\n{r:?}");
+    assert!(r.code.is_some(), "killed by a signal:\n{r:?}");
+}
+
+fn finish(out: Output) -> Run {
+    let r = Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    no_crash(&r);
+    r
+}
+
+fn command(dir: &Dir, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_adjoint"));
+    c.args(args)
+        .current_dir(&dir.0)
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs `adjoint ARGS` in `dir`.
+fn adjoint(dir: &Dir, args: &[&str]) -> Run {
+    finish(command(dir, args).output().expect("run the adjoint binary"))
+}
+
+/// A failed run: exit status 1, nothing on stdout unless `stdout` says so,
+/// and stderr containing each of `needles`.
+fn assert_fails(r: &Run, stdout: &str, needles: &[&str]) {
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert_eq!(r.stdout, stdout, "{r:?}");
+    for n in needles {
+        assert!(r.stderr.contains(n), "stderr lacks {n:?}:\n{r:?}");
+    }
+}
+
+fn assert_succeeds(r: &Run, stdout: &str) {
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(r.stdout, stdout, "{r:?}");
+    assert_eq!(r.stderr, "", "{r:?}");
+}
+
+const GOOD: &str = "\
+fn square(x) = x * x;
+
+fn power(x, n: i64) {
+    let mut acc = 1.0;
+    for i in 0..n {
+        acc = acc * x;
+    }
+    acc
+}
+
+fn main() {
+    print(square(3.0), power(2.0, 10));
+    print([[1.0, 2.5], [3.0, 4.0]], (1, \"two\"), {w: 1, b: true});
+    print(shape(zeros([4, 3]) @ ones([3, 2])), dtype(f32(1.0)));
+}
+";
+
+const GOOD_OUT: &str = "\
+9.0 1024.0
+[[1.0, 2.5], [3.0, 4.0]] (1, two) {w: 1, b: true}
+(4, 2) f32
+";
+
+/// A shape error: `f32[3] @ f32[5, 2]`, on line 5 (the `@`'s left operand
+/// starts at column 11).
+const TYPE_ERROR: &str = "\
+fn main() {
+    print(\"never printed\");
+    let a = zeros([3]);
+    let b = zeros([5, 2]);
+    print(a @ b);
+}
+";
+
+/// Fails when it runs: the file does not exist (line 3, column 13).
+const RUN_ERROR: &str = "\
+fn main() {
+    print(\"before\");
+    let x = load_npy(\"no_such_dir/missing.npy\");
+    print(x);
+}
+";
+
 #[test]
-fn smoke() {
-    assert!(std::path::Path::new(env!("CARGO_BIN_EXE_adjoint")).exists());
+fn run_prints_to_stdout_and_exits_0() {
+    let d = Dir::new("run-good");
+    d.write("good.adj", GOOD);
+    assert_succeeds(&adjoint(&d, &["run", "good.adj"]), GOOD_OUT);
+    assert_succeeds(
+        &adjoint(&d, &["run", "good.adj", "--mode", "eager"]),
+        GOOD_OUT,
+    );
+}
+
+#[test]
+fn a_type_error_is_located_with_its_source_line() {
+    let d = Dir::new("type-error");
+    d.write("bad.adj", TYPE_ERROR);
+    for cmd in ["run", "check"] {
+        let r = adjoint(&d, &[cmd, "bad.adj"]);
+        assert_fails(
+            &r,
+            "",
+            &[
+                "bad.adj:5:11",
+                "print(a @ b);",
+                "`@` of f32[3] and f32[5, 2]: inner dimensions 3 and 5 differ",
+            ],
+        );
+    }
+}
+
+#[test]
+fn a_run_time_error_names_the_path_and_the_source_line() {
+    let d = Dir::new("run-error");
+    d.write("load.adj", RUN_ERROR);
+    let r = adjoint(&d, &["run", "load.adj"]);
+    assert_fails(
+        &r,
+        "before\n",
+        &[
+            "no_such_dir/missing.npy",
+            "load.adj:3:13",
+            "let x = load_npy(\"no_such_dir/missing.npy\");",
+        ],
+    );
+    // checking does not run the program
+    assert_succeeds(&adjoint(&d, &["check", "load.adj"]), "");
+}
+
+#[test]
+fn check_is_silent_on_a_good_program() {
+    let d = Dir::new("check");
+    d.write("good.adj", GOOD);
+    assert_succeeds(&adjoint(&d, &["check", "good.adj"]), "");
+    // a file without `main` checks (there is nothing to run)...
+    d.write("lib.adj", "fn f(x) = x + 1;\n");
+    assert_succeeds(&adjoint(&d, &["check", "lib.adj"]), "");
+    // ...but does not run
+    assert_fails(
+        &adjoint(&d, &["run", "lib.adj"]),
+        "",
+        &["lib.adj:1:1", "no `main` function"],
+    );
+}
+
+#[test]
+fn syntax_errors_are_all_reported() {
+    let d = Dir::new("syntax");
+    d.write(
+        "syntax.adj",
+        "fn main() {\n    let x = 1 +;\n    let y = (2;\n    print(x $ y);\n}\n",
+    );
+    for cmd in [
+        &["check", "syntax.adj"][..],
+        &["run", "syntax.adj"],
+        &["emit", "syntax.adj", "--stage", "ast"],
+    ] {
+        let r = adjoint(&d, cmd);
+        assert_fails(
+            &r,
+            "",
+            &["syntax.adj:2:16", "let x = 1 +;", "syntax.adj:4:13"],
+        );
+    }
+}
+
+#[test]
+fn emit_ast_and_ir() {
+    let d = Dir::new("emit");
+    d.write("good.adj", GOOD);
+    let ast = adjoint(&d, &["emit", "good.adj", "--stage", "ast"]);
+    assert_eq!(ast.code, Some(0), "{ast:?}");
+    assert!(
+        ast.stdout.contains("(fn square") && ast.stdout.contains("(fn main"),
+        "{ast:?}"
+    );
+    let ir = adjoint(&d, &["emit", "good.adj", "--stage", "ir", "--fn", "power"]);
+    assert_eq!(ir.code, Some(0), "{ir:?}");
+    assert!(ir.stdout.contains("graph @power"), "{ir:?}");
+    assert!(
+        !ir.stdout.contains("graph @square"),
+        "only what `power` uses:\n{ir:?}"
+    );
+    let all = adjoint(&d, &["emit", "good.adj", "--stage", "ir"]);
+    assert_eq!(all.code, Some(0), "{all:?}");
+    for g in ["graph @square", "graph @power", "graph @main"] {
+        assert!(all.stdout.contains(g), "{all:?}");
+    }
+}
+
+#[test]
+fn emit_of_an_unknown_function_fails_clearly() {
+    let d = Dir::new("emit-unknown");
+    d.write("good.adj", GOOD);
+    let r = adjoint(&d, &["emit", "good.adj", "--stage", "ir", "--fn", "nope"]);
+    assert_fails(&r, "", &["no function `nope`"]);
+}
+
+#[test]
+fn a_missing_input_file_is_one_clear_line() {
+    let d = Dir::new("missing");
+    for args in [
+        &["run", "nothere.adj"][..],
+        &["check", "nothere.adj"],
+        &["emit", "nothere.adj", "--stage", "ast"],
+        &["emit", "nothere.adj", "--stage", "ir"],
+    ] {
+        let r = adjoint(&d, args);
+        assert_fails(
+            &r,
+            "",
+            &["cannot read \"nothere.adj\"", "no such file or directory"],
+        );
+        assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+    }
+    // a directory is not a program either
+    std::fs::create_dir(d.0.join("sub")).unwrap();
+    let r = adjoint(&d, &["run", "sub"]);
+    assert_fails(&r, "", &["cannot read \"sub\""]);
+    assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+}
+
+#[test]
+fn a_file_that_is_not_utf8_is_refused() {
+    let d = Dir::new("utf8");
+    d.write("latin1.adj", b"fn main() { print(\"caf\xe9\"); }\n");
+    for cmd in ["run", "check"] {
+        let r = adjoint(&d, &[cmd, "latin1.adj"]);
+        assert_fails(&r, "", &["latin1.adj", "not valid UTF-8"]);
+        assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+    }
+    // an import that is not UTF-8 is located at the import
+    d.write(
+        "main.adj",
+        "import \"latin1.adj\" as l\nfn main() { print(1); }\n",
+    );
+    let r = adjoint(&d, &["run", "main.adj"]);
+    assert_fails(&r, "", &["main.adj:1:8", "latin1.adj"]);
+}
+
+#[test]
+fn graph_mode_is_not_available_yet() {
+    let d = Dir::new("graph");
+    d.write("good.adj", GOOD);
+    let r = adjoint(&d, &["run", "good.adj", "--mode", "graph"]);
+    assert_fails(&r, "", &["graph mode is not available yet"]);
+}
+
+#[test]
+fn usage_errors_and_help() {
+    let d = Dir::new("usage");
+    let r = adjoint(&d, &[]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("Usage"), "{r:?}");
+    let r = adjoint(&d, &["run"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    let r = adjoint(&d, &["emit", "x.adj", "--stage", "bytecode"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    let r = adjoint(&d, &["run", "x.adj", "--mode", "fast"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    let r = adjoint(&d, &["--help"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    for c in ["run", "check", "emit"] {
+        assert!(r.stdout.contains(c), "{r:?}");
+    }
+    let r = adjoint(&d, &["--version"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.starts_with("adjoint "), "{r:?}");
+}
+
+/// Output into a pipe whose reader has gone (`adjoint emit ... | head -1`)
+/// must not make the command panic.
+#[test]
+fn a_closed_stdout_is_not_a_crash() {
+    let d = Dir::new("pipe");
+    let big: String = (0..5000)
+        .map(|i| format!("fn g{i}(x) = x + {i};\n"))
+        .collect();
+    d.write(
+        "big.adj",
+        format!("{big}fn main() {{ for i in 0..100000 {{ print(i); }} }}\n"),
+    );
+    for args in [
+        &["emit", "big.adj", "--stage", "ir"][..],
+        &["emit", "big.adj", "--stage", "ast"],
+        &["run", "big.adj"],
+    ] {
+        let mut child = command(&d, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the adjoint binary");
+        let mut first = [0u8; 16];
+        let mut stdout = child.stdout.take().unwrap();
+        stdout.read_exact(&mut first).expect("some output");
+        drop(stdout);
+        let out = child.wait_with_output().expect("wait for adjoint");
+        let r = finish(out);
+        assert!(matches!(r.code, Some(0 | 1)), "{args:?}: {r:?}");
+    }
+}
+
+#[test]
+fn grad_and_check_grad() {
+    let d = Dir::new("grad");
+    d.write(
+        "g.adj",
+        "fn square(x) = x * x;\nfn main() { print(square(3.0)); }\n",
+    );
+    let r = adjoint(&d, &["grad", "g.adj", "square", "--at", "3.0"]);
+    assert_succeeds(&r, "value: 9.0\ngradient 0: 6.0\n");
+    let r = adjoint(&d, &["check-grad", "g.adj", "square", "--at", "3.0"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.ends_with("ok (tolerance 1e-4)\n"), "{r:?}");
+    let r = adjoint(&d, &["emit", "g.adj", "--stage", "grad", "--fn", "square"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("graph @"), "{r:?}");
+    // errors: one line each, no panic
+    for (args, msg) in [
+        (
+            &["grad", "g.adj", "nope", "--at", "1.0"][..],
+            "no function `nope`",
+        ),
+        (
+            &["grad", "g.adj", "square", "--at", "1.0", "2.0"],
+            "takes 1 argument",
+        ),
+        (
+            &["grad", "g.adj", "square", "--at", "1.0 +"],
+            "cannot read argument `1.0 +`",
+        ),
+        (
+            &["grad", "g.adj", "square", "--at", "3"],
+            "no float argument",
+        ),
+        (
+            &["grad", "nothere.adj", "square", "--at", "1.0"],
+            "nothere.adj",
+        ),
+        (&["emit", "g.adj", "--stage", "grad"], "--fn"),
+    ] {
+        let r = adjoint(&d, args);
+        assert_fails(&r, "", &[msg]);
+        assert_eq!(r.stderr.lines().count(), 1, "{args:?}: {r:?}");
+    }
+    // an argument of the wrong type is located in the program
+    let r = adjoint(&d, &["grad", "g.adj", "square", "--at", "\"s\""]);
+    assert_fails(&r, "", &["g.adj:1:16"]);
+}
+
+/// Every program of the corpus, run through the command: the harness
+/// `tests/programs.rs` checks their output; here only that nothing
+/// crashes, on `check` and `emit` too.
+#[test]
+fn no_corpus_program_crashes_any_command() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let d = Dir::new("corpus");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("tests/programs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "adj"))
+        .collect();
+    files.sort();
+    for f in files {
+        let f = f.to_str().unwrap();
+        for args in [
+            &["check", f][..],
+            &["emit", f, "--stage", "ast"],
+            &["emit", f, "--stage", "ir"],
+        ] {
+            let r = adjoint(&d, args);
+            assert!(matches!(r.code, Some(0 | 1)), "{args:?}: {r:?}");
+            if r.code == Some(1) {
+                assert!(r.stdout.is_empty(), "{args:?}: {r:?}");
+                assert!(!r.stderr.is_empty(), "{args:?}: {r:?}");
+            }
+        }
+    }
 }

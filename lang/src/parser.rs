@@ -478,7 +478,16 @@ fn run<'input, T>(
         }
     }
     diags.extend(syntax);
-    diags.extend(cx.diags);
+    // Errors found by grammar actions are capped too: each is rendered with
+    // its source line, so an unbounded number of them on one long line
+    // would make the report quadratic in the size of the file.
+    let mut actions = cx.diags;
+    actions.sort_by_key(|d| (d.primary.span.lo, d.primary.span.hi));
+    if actions.len() > MAX_SYNTAX_ERRORS {
+        suppressed += actions.len() - MAX_SYNTAX_ERRORS;
+        actions.truncate(MAX_SYNTAX_ERRORS);
+    }
+    diags.extend(actions);
     if let Some((lo, hi)) = stalled.get() {
         diags.push(
             Diagnostic::error("the parser gave up here", Span::new(file, lo as u32, hi as u32))
@@ -762,4 +771,36 @@ fn innermost_unclosed<'a>(tokens: &'a [Spanned<'a>]) -> Option<(usize, &'a Tok<'
         }
     }
     stack.pop()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Grammar actions may find an error per operator (`a < b < c < …`);
+    /// they are capped like the parser's own errors, so that rendering them,
+    /// each with its source line, stays linear in the size of the file.
+    #[test]
+    fn errors_from_grammar_actions_are_capped() {
+        // 200 operators: 199 chained comparisons (and not yet too deep)
+        let src = format!("fn main() {{ print(1{}); }}", " < 1".repeat(200));
+        let (_, diags) = parse(FileId(0), &src);
+        let chained = diags
+            .iter()
+            .filter(|d| d.message == "comparison operators cannot be chained")
+            .count();
+        assert_eq!(chained, MAX_SYNTAX_ERRORS);
+        let last = diags.last().expect("diagnostics");
+        assert_eq!(
+            last.message,
+            format!("{} more syntax errors not shown", 199 - MAX_SYNTAX_ERRORS)
+        );
+        assert_eq!(diags.len(), MAX_SYNTAX_ERRORS + 1);
+        // the first ones are kept, in order
+        assert!(diags[0].primary.span.lo < diags[1].primary.span.lo);
+        // and a much longer chain is no slower to parse and report
+        let src = format!("fn main() {{ print(1{}); }}", " < 1".repeat(100_000));
+        let (_, diags) = parse(FileId(0), &src);
+        assert!(diags.len() <= MAX_SYNTAX_ERRORS + 2, "{}", diags.len());
+    }
 }
