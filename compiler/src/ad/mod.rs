@@ -378,6 +378,15 @@ impl Ad<'_> {
             for &i in &inputs {
                 ins.push(self.jmap(i, arity, yloc)?);
             }
+            // A cast to an int or bool dtype has no derivative: its result
+            // carries none, so nothing flows back through it.
+            if self.m.as_const(inputs[0]) == Some(&Const::Prim(Prim::Cast))
+                && matches!(inputs.get(2).and_then(|d| self.m.as_const(*d)),
+                    Some(Const::DType(d)) if !d.is_float())
+            {
+                let g = self.j_nondiff(Prim::Cast, arity)?;
+                ins[0] = self.gref(g, yloc);
+            }
             let r = self.m.add_apply(jf, ins, yloc);
             let yv = self.get(jf, r, 0, yloc);
             let bp = self.get(jf, r, 1, yloc);
@@ -481,6 +490,31 @@ impl Ad<'_> {
             ),
             note: Some("move the IO out of the function that is differentiated".into()),
         }
+    }
+
+    /// J of a primitive used where it carries no derivative.
+    fn j_nondiff(&mut self, p: Prim, arity: usize) -> R<GraphId> {
+        // Keyed apart from the differentiable J of the same primitive.
+        let key = (p, arity + (1 << 20));
+        if let Some(g) = self.j_prims.get(&key) {
+            return Ok(*g);
+        }
+        let loc = Loc::NONE;
+        let jg = self.m.add_graph(format!("J.{}.nondiff", p.name()), loc);
+        self.j_prims.insert(key, jg);
+        let xs: Vec<NodeId> = (0..arity)
+            .map(|i| self.m.add_param(jg, format!("x{i}"), loc))
+            .collect();
+        let out = self.prim(jg, p, &xs, loc);
+        let bg = self.m.add_graph(format!("B.{}.nondiff", p.name()), loc);
+        self.m.add_param(bg, "dout", loc);
+        let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(bg, loc)).collect();
+        let o = self.prim(bg, Prim::MakeTuple, &zs, loc);
+        self.m.set_output(bg, o);
+        let bgr = self.gref(bg, loc);
+        let pair = self.prim(jg, Prim::MakeTuple, &[out, bgr], loc);
+        self.m.set_output(jg, pair);
+        Ok(jg)
     }
 
     /// J of a primitive applied to `arity` arguments.
