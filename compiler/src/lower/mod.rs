@@ -1471,6 +1471,9 @@ impl<'a> Lowerer<'a> {
         let name = &def.name.name;
         let mut slots: Vec<Option<NodeId>> = vec![None; def.params.len()];
         let mut positional = 0;
+        if let Some(bad) = positional_after_keyword(args) {
+            return Err(bad);
+        }
         for a in args {
             let idx = match &a.name {
                 None => {
@@ -1546,6 +1549,9 @@ impl<'a> Lowerer<'a> {
         let mut slots: Vec<Option<NodeId>> = vec![None; params.len()];
         let mut extra = Vec::new();
         let mut positional = 0;
+        if let Some(bad) = positional_after_keyword(args) {
+            return Err(bad);
+        }
         for a in args {
             match &a.name {
                 None => {
@@ -1668,6 +1674,17 @@ fn first_io_call(body: &Expr) -> Option<Span> {
         }
     });
     found
+}
+
+/// A positional argument after a keyword argument, as in `f(b = 2, 1)`.
+fn positional_after_keyword(args: &[ast::Arg]) -> Option<Diagnostic> {
+    let first_kw = args.iter().position(|a| a.name.is_some())?;
+    let bad = args[first_kw..].iter().find(|a| a.name.is_none())?;
+    Some(
+        Diagnostic::error("positional argument after a keyword argument", bad.span)
+            .with_secondary(args[first_kw].span, "keyword arguments start here")
+            .with_note("write positional arguments first"),
+    )
 }
 
 /// `argnums = 1` or `argnums = (0, 2)`: ints written in the source.
