@@ -21,6 +21,12 @@ pub enum Check {
         ty: TypeExpr,
         what: String,
     },
+    /// A tuple pattern `(a, b)` needs a tuple of exactly that many elements.
+    TupleArity {
+        node: NodeId,
+        len: usize,
+        span: Span,
+    },
     /// A differentiated argument must be made of floats.
     DiffArg {
         node: NodeId,
@@ -90,6 +96,21 @@ pub fn run(checks: &[Check], m: &Module, types: &Types) -> Vec<Diagnostic> {
                         .with_label(why),
                     );
                 }
+            }
+            Check::TupleArity { node, len, span } => {
+                let Some(v) = value(m, types, *node) else {
+                    continue;
+                };
+                let got = match &v {
+                    AbsVal::Tuple(items) if items.len() == *len => continue,
+                    AbsVal::Tuple(items) => format!("a tuple of {}", items.len()),
+                    AbsVal::Unknown | AbsVal::Bottom => continue,
+                    other => other.to_string(),
+                };
+                out.push(Diagnostic::error(
+                    format!("this pattern expects a tuple of {len}, but the value is {got}"),
+                    *span,
+                ));
             }
             Check::DiffArg { node, what, loc } => {
                 let Some(v) = value(m, types, *node) else {

@@ -510,6 +510,11 @@ impl Lowerer<'_> {
             }
             PatternKind::Wildcard => {}
             PatternKind::Tuple(ps) => {
+                self.checks.push(crate::checks::Check::TupleArity {
+                    node: value,
+                    len: ps.len(),
+                    span: pat.span,
+                });
                 for (i, p) in ps.iter().enumerate() {
                     let x = self.tuple_get(cx, value, i, p.span);
                     self.bind_pattern(cx, p, x, mutable)?;
@@ -573,6 +578,11 @@ impl Lowerer<'_> {
             },
             PatternKind::Wildcard => Ok(()),
             PatternKind::Tuple(ps) => {
+                self.checks.push(crate::checks::Check::TupleArity {
+                    node: value,
+                    len: ps.len(),
+                    span: pat.span,
+                });
                 for (i, p) in ps.iter().enumerate() {
                     let x = self.tuple_get(cx, value, i, p.span);
                     self.assign_pattern(module, cx, p, x)?;
