@@ -202,10 +202,7 @@ impl Ad<'_> {
                     .iter()
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
-                let jfr = self.gref(jf, loc);
-                let r = self.call(t, jfr, &ps, loc);
-                let y = self.get(t, r, 0, loc);
-                let bp = self.get(t, r, 1, loc);
+                let (y, bp) = self.forward(t, jf, &ps, loc);
                 let one = self.prim(t, Prim::OnesLike, &[y], loc);
                 let d = self.call(t, bp, &[one], loc);
                 let which: Vec<usize> = argnums.clone().unwrap_or_else(|| vec![0]);
@@ -251,20 +248,10 @@ impl Ad<'_> {
                     .iter()
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
-                let jfr = self.gref(jf, loc);
-                let r = self.call(t, jfr, &ps, loc);
-                let y = self.get(t, r, 0, loc);
-                let bp = self.get(t, r, 1, loc);
+                let (y, bp) = self.forward(t, jf, &ps, loc);
                 let pb = self.m.add_graph(format!("pullback.{}", req.name), loc);
                 let dy = self.m.add_param(pb, "dy", loc);
-                let d = self.call(pb, bp, &[dy], loc);
-                let mut outs = Vec::new();
-                for (i, p) in ps.iter().enumerate() {
-                    let di = self.get(pb, d, i + 1, loc);
-                    outs.push(self.prim(pb, Prim::GradFinalize, &[di, *p], loc));
-                }
-                let o = self.prim(pb, Prim::MakeTuple, &outs, loc);
-                self.m.set_output(pb, o);
+                self.pull_back(pb, bp, dy, &ps, loc);
                 let pbr = self.gref(pb, loc);
                 let out = self.prim(t, Prim::MakeTuple, &[y, pbr], loc);
                 self.m.set_output(t, out);
@@ -273,24 +260,13 @@ impl Ad<'_> {
                 let xs = self.m.add_param(t, "primals", loc);
                 let dxs = self.m.add_param(t, "tangents", loc);
                 let ps: Vec<NodeId> = (0..n).map(|i| self.get(t, xs, i, loc)).collect();
-                let jfr = self.gref(jf, loc);
-                let r = self.call(t, jfr, &ps, loc);
-                let y = self.get(t, r, 0, loc);
+                let (y, _) = self.forward(t, jf, &ps, loc);
                 // L(u) = vjp(f, x)(u) is linear in u; its transpose applied to
                 // the tangents is the forward derivative.
                 let l = self.m.add_graph(format!("linear.{}", req.name), loc);
                 let u = self.m.add_param(l, "u", loc);
-                let jfr = self.gref(jf, loc);
-                let rl = self.call(l, jfr, &ps, loc);
-                let bpl = self.get(l, rl, 1, loc);
-                let d = self.call(l, bpl, &[u], loc);
-                let mut outs = Vec::new();
-                for (i, p) in ps.iter().enumerate() {
-                    let di = self.get(l, d, i + 1, loc);
-                    outs.push(self.prim(l, Prim::GradFinalize, &[di, *p], loc));
-                }
-                let o = self.prim(l, Prim::MakeTuple, &outs, loc);
-                self.m.set_output(l, o);
+                let (_, bpl) = self.forward(l, jf, &ps, loc);
+                self.pull_back(l, bpl, u, &ps, loc);
                 self.fv = free_variables(self.m);
                 let jl = self.j_graph(l, loc)?;
                 // Any point will do for a linear map: zeros shaped like y.
@@ -307,6 +283,29 @@ impl Ad<'_> {
             }
         }
         Ok(())
+    }
+
+    /// In graph `g`: calls `J(f)` on `args`; returns the value and the
+    /// backpropagator.
+    fn forward(&mut self, g: GraphId, jf: GraphId, args: &[NodeId], loc: Loc) -> (NodeId, NodeId) {
+        let jfr = self.gref(jf, loc);
+        let r = self.call(g, jfr, args, loc);
+        let y = self.get(g, r, 0, loc);
+        let bp = self.get(g, r, 1, loc);
+        (y, bp)
+    }
+
+    /// Finishes graph `g` with the input cotangents `bp(dy)` gives for
+    /// `inputs`, symbolic zeros made concrete.
+    fn pull_back(&mut self, g: GraphId, bp: NodeId, dy: NodeId, inputs: &[NodeId], loc: Loc) {
+        let d = self.call(g, bp, &[dy], loc);
+        let mut outs = Vec::new();
+        for (i, p) in inputs.iter().enumerate() {
+            let di = self.get(g, d, i + 1, loc);
+            outs.push(self.prim(g, Prim::GradFinalize, &[di, *p], loc));
+        }
+        let o = self.prim(g, Prim::MakeTuple, &outs, loc);
+        self.m.set_output(g, o);
     }
 
     /// The forward value standing for `n` inside the J graph being built.
