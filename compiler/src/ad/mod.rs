@@ -154,7 +154,8 @@ struct Ad<'a> {
     j_graphs: HashMap<GraphId, GraphId>,
     /// J of graphs without free variables, shared by all requests.
     j_closed: HashMap<GraphId, GraphId>,
-    j_prims: HashMap<(Prim, usize), GraphId>,
+    /// Keyed by primitive, arity and whether it is differentiated.
+    j_prims: HashMap<(Prim, usize, bool), GraphId>,
     /// Original node → its forward value inside a J graph.
     node_map: HashMap<NodeId, NodeId>,
     checks: Vec<Check>,
@@ -285,6 +286,12 @@ impl Ad<'_> {
         Ok(())
     }
 
+    /// Finishes graph `g` with `make_tuple(items..)`.
+    fn output_tuple(&mut self, g: GraphId, items: &[NodeId], loc: Loc) {
+        let o = self.prim(g, Prim::MakeTuple, items, loc);
+        self.m.set_output(g, o);
+    }
+
     /// In graph `g`: calls `J(f)` on `args`; returns the value and the
     /// backpropagator.
     fn forward(&mut self, g: GraphId, jf: GraphId, args: &[NodeId], loc: Loc) -> (NodeId, NodeId) {
@@ -304,8 +311,7 @@ impl Ad<'_> {
             let di = self.get(g, d, i + 1, loc);
             outs.push(self.prim(g, Prim::GradFinalize, &[di, *p], loc));
         }
-        let o = self.prim(g, Prim::MakeTuple, &outs, loc);
-        self.m.set_output(g, o);
+        self.output_tuple(g, &outs, loc);
     }
 
     /// The forward value standing for `n` inside the J graph being built.
@@ -383,7 +389,7 @@ impl Ad<'_> {
                 && matches!(inputs.get(2).and_then(|d| self.m.as_const(*d)),
                     Some(Const::DType(d)) if !d.is_float())
             {
-                let g = self.j_nondiff(Prim::Cast, arity)?;
+                let g = self.j_prim_as(Prim::Cast, arity, yloc, false)?;
                 ins[0] = self.gref(g, yloc);
             }
             let r = self.m.add_apply(jf, ins, yloc);
@@ -434,11 +440,9 @@ impl Ad<'_> {
             };
             outs.push(d);
         }
-        let o = self.prim(bf, Prim::MakeTuple, &outs, floc);
-        self.m.set_output(bf, o);
+        self.output_tuple(bf, &outs, floc);
         let bfr = self.gref(bf, floc);
-        let pair = self.prim(jf, Prim::MakeTuple, &[out_v, bfr], floc);
-        self.m.set_output(jf, pair);
+        self.output_tuple(jf, &[out_v, bfr], floc);
         Ok(jf)
     }
 
@@ -491,34 +495,16 @@ impl Ad<'_> {
         }
     }
 
-    /// J of a primitive used where it carries no derivative.
-    fn j_nondiff(&mut self, p: Prim, arity: usize) -> R<GraphId> {
-        // Keyed apart from the differentiable J of the same primitive.
-        let key = (p, arity + (1 << 20));
-        if let Some(g) = self.j_prims.get(&key) {
-            return Ok(*g);
-        }
-        let loc = Loc::NONE;
-        let jg = self.m.add_graph(format!("J.{}.nondiff", p.name()), loc);
-        self.j_prims.insert(key, jg);
-        let xs: Vec<NodeId> = (0..arity)
-            .map(|i| self.m.add_param(jg, format!("x{i}"), loc))
-            .collect();
-        let out = self.prim(jg, p, &xs, loc);
-        let bg = self.m.add_graph(format!("B.{}.nondiff", p.name()), loc);
-        self.m.add_param(bg, "dout", loc);
-        let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(bg, loc)).collect();
-        let o = self.prim(bg, Prim::MakeTuple, &zs, loc);
-        self.m.set_output(bg, o);
-        let bgr = self.gref(bg, loc);
-        let pair = self.prim(jg, Prim::MakeTuple, &[out, bgr], loc);
-        self.m.set_output(jg, pair);
-        Ok(jg)
-    }
-
     /// J of a primitive applied to `arity` arguments.
     fn j_prim(&mut self, p: Prim, arity: usize, at: Loc) -> R<GraphId> {
-        if let Some(g) = self.j_prims.get(&(p, arity)) {
+        self.j_prim_as(p, arity, at, p.info().differentiable)
+    }
+
+    /// J of a primitive, differentiated or (where it carries no derivative
+    /// at this use, like a cast to an int) with an all-zero backpropagator.
+    fn j_prim_as(&mut self, p: Prim, arity: usize, at: Loc, differentiable: bool) -> R<GraphId> {
+        let key = (p, arity, differentiable);
+        if let Some(g) = self.j_prims.get(&key) {
             return Ok(*g);
         }
         let info = p.info();
@@ -529,7 +515,7 @@ impl Ad<'_> {
                 note: Some("IO is allowed only outside functions that are differentiated".into()),
             });
         }
-        let rule = if !info.differentiable || rule_is_generated(p) {
+        let rule = if !differentiable || rule_is_generated(p) {
             None
         } else {
             match self.rules.prims.get(&p) {
@@ -557,54 +543,49 @@ impl Ad<'_> {
             }
         }
         let loc = Loc::NONE;
-        let jg = self.m.add_graph(format!("J.{}", info.name), loc);
-        self.j_prims.insert((p, arity), jg);
+        let suffix = if differentiable { "" } else { ".nondiff" };
+        let jg = self.m.add_graph(format!("J.{}{suffix}", info.name), loc);
+        self.j_prims.insert(key, jg);
         let xs: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(jg, format!("x{i}"), loc))
             .collect();
         let out = self.prim(jg, p, &xs, loc);
 
-        let bg = self.m.add_graph(format!("B.{}", info.name), loc);
+        let bg = self.m.add_graph(format!("B.{}{suffix}", info.name), loc);
         let dout = self.m.add_param(bg, "dout", loc);
-        // Zero in, zeros out.
-        let zg = self.m.add_graph(format!("B.{}.zero", info.name), loc);
-        let mut zs = Vec::new();
-        for _ in 0..=arity {
-            zs.push(self.zero(zg, loc));
-        }
-        let zo = self.prim(zg, Prim::MakeTuple, &zs, loc);
-        self.m.set_output(zg, zo);
-        let cg = self.m.add_graph(format!("B.{}.rule", info.name), loc);
-        let mut cots = vec![self.zero(cg, loc)];
-        match rule {
-            Some(r) => {
-                let rr = self.gref(r, loc);
-                let mut args = xs.clone();
-                args.push(out);
-                args.push(dout);
-                let d = self.call(cg, rr, &args, loc);
-                for i in 0..arity {
-                    cots.push(self.get(cg, d, i, loc));
+        if !differentiable {
+            let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(bg, loc)).collect();
+            self.output_tuple(bg, &zs, loc);
+        } else {
+            // Zero in, zeros out.
+            let zg = self.m.add_graph(format!("B.{}.zero", info.name), loc);
+            let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(zg, loc)).collect();
+            self.output_tuple(zg, &zs, loc);
+            let cg = self.m.add_graph(format!("B.{}.rule", info.name), loc);
+            let mut cots = vec![self.zero(cg, loc)];
+            match rule {
+                Some(r) => {
+                    let rr = self.gref(r, loc);
+                    let mut args = xs.clone();
+                    args.push(out);
+                    args.push(dout);
+                    let d = self.call(cg, rr, &args, loc);
+                    for i in 0..arity {
+                        cots.push(self.get(cg, d, i, loc));
+                    }
                 }
+                None => cots.extend(self.generated_rule(cg, p, &xs, dout)),
             }
-            None if !info.differentiable => {
-                for _ in 0..arity {
-                    cots.push(self.zero(cg, loc));
-                }
-            }
-            None => cots.extend(self.generated_rule(cg, p, &xs, dout)),
+            self.output_tuple(cg, &cots, loc);
+            let z = self.prim(bg, Prim::IsZero, &[dout], loc);
+            let zr = self.gref(zg, loc);
+            let cr = self.gref(cg, loc);
+            let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
+            let r = self.call(bg, sw, &[], loc);
+            self.m.set_output(bg, r);
         }
-        let co = self.prim(cg, Prim::MakeTuple, &cots, loc);
-        self.m.set_output(cg, co);
-        let z = self.prim(bg, Prim::IsZero, &[dout], loc);
-        let zr = self.gref(zg, loc);
-        let cr = self.gref(cg, loc);
-        let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
-        let r = self.call(bg, sw, &[], loc);
-        self.m.set_output(bg, r);
         let bgr = self.gref(bg, loc);
-        let pair = self.prim(jg, Prim::MakeTuple, &[out, bgr], loc);
-        self.m.set_output(jg, pair);
+        self.output_tuple(jg, &[out, bgr], loc);
         Ok(jg)
     }
 
@@ -689,11 +670,9 @@ impl Ad<'_> {
         for i in 0..n {
             cots.push(self.get(bg, d, i, loc));
         }
-        let o = self.prim(bg, Prim::MakeTuple, &cots, loc);
-        self.m.set_output(bg, o);
+        self.output_tuple(bg, &cots, loc);
         let bgr = self.gref(bg, loc);
-        let pair = self.prim(jg, Prim::MakeTuple, &[out, bgr], loc);
-        self.m.set_output(jg, pair);
+        self.output_tuple(jg, &[out, bgr], loc);
         Ok(jg)
     }
 }

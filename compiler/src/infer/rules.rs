@@ -357,19 +357,9 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         }
         Prim::SplitLike => {
             let d = tensor(op, &args[0])?;
-            let AbsVal::Tuple(items) = &args[1] else {
-                return fail(format!(
-                    "{op}: expected a tuple of tensors, got {}",
-                    args[1]
-                ));
-            };
-            if items.contains(&AbsVal::Unknown) {
+            let Some(xs) = tensor_tuple(op, &args[1])? else {
                 return Ok(AbsVal::Unknown);
-            }
-            let xs = items
-                .iter()
-                .map(|v| tensor(op, v))
-                .collect::<Result<Vec<_>, _>>()?;
+            };
             let axis = known_int(op, "axis", &args[2])?;
             let tys: Vec<TensorTy> = xs.iter().map(|t| t.ty()).collect();
             let (_, shapes) = shape::split_like(d.ty(), &tys, axis)?;
@@ -512,6 +502,22 @@ fn check_arity(p: Prim, n: usize) -> Result<(), RuleError> {
 
 // ---------------------------------------------------------------------------
 // Argument helpers
+
+/// The tensors of a tuple of tensors; `None` when one is only known at run
+/// time.
+fn tensor_tuple<'v>(op: &str, v: &'v AbsVal) -> Result<Option<Vec<&'v AbsTensor>>, RuleError> {
+    let AbsVal::Tuple(items) = v else {
+        return fail(format!("{op}: expected a tuple of tensors, got {v}"));
+    };
+    if items.contains(&AbsVal::Unknown) {
+        return Ok(None);
+    }
+    items
+        .iter()
+        .map(|x| tensor(op, x))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
 
 fn tensor<'v>(op: &str, v: &'v AbsVal) -> Result<&'v AbsTensor, RuleError> {
     match v {
@@ -820,16 +826,9 @@ fn join_along(
     rule: fn(&[TensorTy], i64) -> Result<Vec<usize>, String>,
 ) -> Rule {
     let (xs, axis) = (&args[0], &args[1]);
-    let AbsVal::Tuple(items) = xs else {
-        return fail(format!("{op}: expected a tuple of tensors, got {xs}"));
-    };
-    if items.contains(&AbsVal::Unknown) {
+    let Some(ts) = tensor_tuple(op, xs)? else {
         return Ok(AbsVal::Unknown);
-    }
-    let ts = items
-        .iter()
-        .map(|v| tensor(op, v))
-        .collect::<Result<Vec<_>, _>>()?;
+    };
     let axis = known_int(op, "axis", axis)?;
     let tys: Vec<TensorTy> = ts.iter().map(|t| t.ty()).collect();
     let dts: Vec<(DType, bool)> = ts.iter().map(|t| t.weak_dtype()).collect();
