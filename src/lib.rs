@@ -13,12 +13,9 @@ use adjoint_lang::{render, Diagnostic, SourceMap};
 
 pub use adjoint_runtime::value::Value;
 
-/// How programs run: one primitive at a time (eager) or compiled (graph).
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Mode {
-    Eager,
-    Graph,
-}
+/// How programs run: one primitive at a time on the IR as differentiated
+/// (eager, for debugging), or through the optimiser (graph, the default).
+pub use adjoint_compiler::pipeline::Mode;
 
 /// Errors carry their diagnostics and the sources they point into.
 #[derive(Debug)]
@@ -161,7 +158,8 @@ impl Session {
         out: &mut dyn std::io::Write,
     ) -> Result<Value, SessionError> {
         let program = self.program();
-        let ex = with_stack(|| program.prepare(name)).map_err(|d| self.error(d))?;
+        let mode = self.mode;
+        let ex = with_stack(|| program.prepare(name, mode)).map_err(|d| self.error(d))?;
         program.execute(name, &ex, out).map_err(|d| self.error(d))
     }
 
@@ -207,15 +205,9 @@ impl Session {
 
     /// Runs `main`, writing what it prints to `out`.
     pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<(), SessionError> {
-        if self.mode == Mode::Graph {
-            let span = adjoint_lang::Span::point(self.program().root, 0);
-            return Err(self.error(vec![Diagnostic::error(
-                "graph mode is not available yet; run with `--mode eager` (the default)",
-                span,
-            )]));
-        }
         let program = self.program();
-        let ex = with_stack(|| program.prepare_main()).map_err(|d| self.error(d))?;
+        let mode = self.mode;
+        let ex = with_stack(|| program.prepare_main(mode)).map_err(|d| self.error(d))?;
         program
             .execute_main(&ex, out)
             .map(|_| ())
@@ -225,6 +217,35 @@ impl Session {
     /// The graph IR of one function (with everything it refers to), or of
     /// every function of the file.
     pub fn emit_ir(&self, function: Option<&str>) -> Result<String, SessionError> {
+        let p = self.program();
+        let roots = self.roots(function)?;
+        Ok(print_module(&p.lowered.module, &roots, None))
+    }
+
+    /// The IR after the optimiser, with a header comment saying what it
+    /// did (node and graph counts before and after).
+    pub fn emit_opt(&self, function: Option<&str>) -> Result<String, SessionError> {
+        let p = self.program();
+        let roots = self.roots(function)?;
+        let (m, s) = with_stack(|| p.optimized(&roots));
+        Ok(format!(
+            "// optimised: {} -> {} nodes, {} -> {} graphs ({} inlined, {} simplified, {} merged, {} rounds)\n{}",
+            s.nodes_before,
+            s.nodes_after,
+            s.graphs_before,
+            s.graphs_after,
+            s.inlined,
+            s.simplified,
+            s.cse,
+            s.rounds,
+            print_module(&m, &roots, None)
+        ))
+    }
+
+    fn roots(
+        &self,
+        function: Option<&str>,
+    ) -> Result<Vec<adjoint_compiler::ir::GraphId>, SessionError> {
         let p = self.program();
         let roots: Vec<_> = match function {
             Some(f) => match p.function(f) {
@@ -239,7 +260,7 @@ impl Session {
             },
             None => p.lowered.functions.iter().map(|(_, g)| *g).collect(),
         };
-        Ok(print_module(&p.lowered.module, &roots, None))
+        Ok(roots)
     }
 
     /// The syntax tree of a file, as an S-expression dump.

@@ -33,6 +33,10 @@ enum Stage {
     Ir,
     /// The IR of `grad(F)` for the function given with `--fn`.
     Grad,
+    /// The IR after the optimiser (graph mode's input to code generation).
+    Opt,
+    /// The optimised IR of `grad(F)` for the function given with `--fn`.
+    GradOpt,
 }
 
 #[derive(Subcommand)]
@@ -40,7 +44,9 @@ enum Command {
     /// Run the program's `main` function.
     Run {
         file: PathBuf,
-        #[arg(long, value_enum, default_value = "eager")]
+        /// `graph` optimises the program first; `eager` runs the IR as
+        /// differentiated, one primitive at a time (for debugging).
+        #[arg(long, value_enum, default_value = "graph")]
         mode: ModeArg,
     },
     /// Parse, lower and type-check a program without running it.
@@ -162,7 +168,7 @@ fn run_file(file: &std::path::Path, mode: Mode) -> Result<(), SessionError> {
 /// Loads `file` with a generated driver function appended and runs it.
 fn run_driver(file: &std::path::Path, src: Result<String, String>) -> Result<Value, SessionError> {
     let src = src.map_err(SessionError::message)?;
-    let session = Session::new(Mode::Eager).load_file_with(file, &src)?;
+    let session = Session::new(Mode::Graph).load_file_with(file, &src)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     session.run_function(driver::DRIVER, &mut out)
@@ -170,16 +176,27 @@ fn run_driver(file: &std::path::Path, src: Result<String, String>) -> Result<Val
 
 fn emit(file: &std::path::Path, stage: Stage, function: Option<&str>) -> Result<(), SessionError> {
     let text = match stage {
-        Stage::Grad => {
+        Stage::Grad | Stage::GradOpt => {
             let Some(f) = function else {
-                return Err(SessionError::message(
-                    "`--stage grad` needs `--fn NAME`".into(),
-                ));
+                return Err(SessionError::message(format!(
+                    "`--stage {}` needs `--fn NAME`",
+                    if stage == Stage::Grad {
+                        "grad"
+                    } else {
+                        "grad-opt"
+                    }
+                )));
             };
-            Session::new(Mode::Eager)
-                .load_file_with(file, &driver::emit_grad_driver(f))?
-                .emit_ir(Some(driver::DRIVER))?
+            let s = Session::new(Mode::Graph).load_file_with(file, &driver::emit_grad_driver(f))?;
+            if stage == Stage::Grad {
+                s.emit_ir(Some(driver::DRIVER))?
+            } else {
+                s.emit_opt(Some(driver::DRIVER))?
+            }
         }
+        Stage::Opt => Session::new(Mode::Graph)
+            .load_file(file)?
+            .emit_opt(function)?,
         Stage::Ast => Session::emit_ast(file)?,
         Stage::Ir => Session::new(Mode::Eager)
             .load_file(file)?

@@ -305,11 +305,25 @@ fn a_file_that_is_not_utf8_is_refused() {
 }
 
 #[test]
-fn graph_mode_is_not_available_yet() {
+fn graph_mode_runs_and_emits_optimised_ir() {
     let d = Dir::new("graph");
     d.write("good.adj", GOOD);
-    let r = adjoint(&d, &["run", "good.adj", "--mode", "graph"]);
-    assert_fails(&r, "", &["graph mode is not available yet"]);
+    assert_succeeds(
+        &adjoint(&d, &["run", "good.adj", "--mode", "graph"]),
+        GOOD_OUT,
+    );
+    d.write("f.adj", "fn f(x) = sin(x) * x\n");
+    let r = adjoint(&d, &["emit", "f.adj", "--stage", "grad-opt", "--fn", "f"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    // One first-order graph: no backpropagator closures, environments,
+    // zero checks or switches are left.
+    assert!(r.stdout.starts_with("// optimised:"), "{r:?}");
+    for gone in ["J.", "B.", "env_", "is_zero", "switch", "zero()"] {
+        assert!(!r.stdout.contains(gone), "`{gone}` left in {}", r.stdout);
+    }
+    assert!(r.stdout.contains("cos("), "{}", r.stdout);
+    let r = adjoint(&d, &["emit", "f.adj", "--stage", "grad-opt"]);
+    assert_fails(&r, "", &["`--stage grad-opt` needs `--fn NAME`"]);
 }
 
 #[test]

@@ -12,7 +12,11 @@
 //!
 //! Environment:
 //!
-//! - `ADJOINT_MODE=eager|graph` passes `--mode MODE` to every run.
+//! Every program runs in both modes, graph (the optimiser) and eager, and
+//! must meet its expectations in each: the output is compared exactly, so
+//! the two modes agree.
+//!
+//! - `ADJOINT_MODE=eager|graph` runs only that mode.
 //! - `ADJOINT_FILTER=SUBSTR` runs only the files whose name contains SUBSTR.
 //! - `ADJOINT_TIMEOUT=SECONDS` changes the per-program time limit (default 60).
 //! - `ADJOINT_JOBS=N` runs N programs at a time (default: available cores).
@@ -174,8 +178,26 @@ fn run_program(
     })
 }
 
-/// Checks one program; returns a description of every mismatch.
+/// Checks one program in each mode; returns a description of every
+/// mismatch.
 fn check_program(
+    bin: &Path,
+    root: &Path,
+    file: &Path,
+    modes: &[String],
+    timeout: Duration,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for mode in modes {
+        for p in check_program_in(bin, root, file, Some(mode), timeout) {
+            problems.push(format!("[mode {mode}] {p}"));
+        }
+    }
+    problems
+}
+
+/// Checks one program in one mode.
+fn check_program_in(
     bin: &Path,
     root: &Path,
     file: &Path,
@@ -310,6 +332,10 @@ fn programs() {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_adjoint"));
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mode = env_nonempty("ADJOINT_MODE");
+    let modes: Vec<String> = match &mode {
+        Some(m) => vec![m.clone()],
+        None => vec!["graph".to_string(), "eager".to_string()],
+    };
     let filter = env_nonempty("ADJOINT_FILTER");
     let timeout = Duration::from_secs_f64(
         env_nonempty("ADJOINT_TIMEOUT")
@@ -342,11 +368,11 @@ fn programs() {
             let results = Arc::clone(&results);
             let bin = bin.clone();
             let root = root.clone();
-            let mode = mode.clone();
+            let modes = modes.clone();
             thread::spawn(move || loop {
                 let next = queue.lock().unwrap().next();
                 let Some((i, file)) = next else { break };
-                let problems = check_program(&bin, &root, &file, mode.as_deref(), timeout);
+                let problems = check_program(&bin, &root, &file, &modes, timeout);
                 results.lock().unwrap().push((i, file, problems));
             })
         })

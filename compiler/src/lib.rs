@@ -4,5 +4,6 @@ pub mod exec;
 pub mod infer;
 pub mod ir;
 pub mod lower;
+pub mod opt;
 pub mod pipeline;
 pub mod prim;

@@ -10,6 +10,16 @@ use crate::exec::{self, Executable};
 use crate::ir::{GraphId, Loc};
 use crate::lower::{span_of, Lowered, Lowerer, SourceLoader};
 
+/// How a program runs: its IR as lowered and differentiated, one
+/// primitive at a time (`Eager`, for debugging), or through the optimiser
+/// first (`Graph`, the default).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    Eager,
+    #[default]
+    Graph,
+}
+
 /// A parsed and lowered program.
 pub struct Program {
     pub lowered: Lowered,
@@ -112,13 +122,26 @@ impl Program {
     }
 
     /// Type-checks `main` and compiles it for the VM.
-    pub fn prepare_main(&self) -> Result<Executable, Vec<Diagnostic>> {
-        self.prepare("main")
+    pub fn prepare_main(&self, mode: Mode) -> Result<Executable, Vec<Diagnostic>> {
+        self.prepare("main", mode)
+    }
+
+    /// The module with the graphs reachable from `roots` optimised (a copy:
+    /// the program itself keeps its unoptimised IR), and what the optimiser
+    /// did.
+    pub fn optimized(&self, roots: &[GraphId]) -> (crate::ir::Module, crate::opt::Stats) {
+        let mut m = self.lowered.module.clone();
+        let opts = crate::opt::Options {
+            internal_files: self.lowered.stdlib_files.iter().map(|f| f.0).collect(),
+            ..crate::opt::Options::default()
+        };
+        let stats = crate::opt::optimize(&mut m, roots, &opts);
+        (m, stats)
     }
 
     /// Type-checks entry function `name` (which takes no arguments) and
-    /// compiles it for the VM.
-    pub fn prepare(&self, name: &str) -> Result<Executable, Vec<Diagnostic>> {
+    /// compiles it for the VM, through the optimiser in graph mode.
+    pub fn prepare(&self, name: &str, mode: Mode) -> Result<Executable, Vec<Diagnostic>> {
         let Some(main) = self.function(name) else {
             return Err(vec![Diagnostic::error(
                 format!("this program has no `{name}` function"),
@@ -126,13 +149,35 @@ impl Program {
             )]);
         };
         self.infer_entry(main)?;
-        exec::compile(&self.lowered.module, &[main])
-            .map_err(|e| vec![located(e.message, e.loc, self.root)])
+        let compiled = match mode {
+            Mode::Eager => exec::compile(&self.lowered.module, &[main]),
+            Mode::Graph => {
+                let (m, _) = self.optimized(&[main]);
+                if cfg!(debug_assertions) {
+                    if let Err(errors) = crate::ir::verify::verify_reachable(&m, &[main]) {
+                        return Err(vec![located(
+                            format!(
+                                "internal error: the optimiser produced invalid IR: {}",
+                                errors.join("; ")
+                            ),
+                            Loc::NONE,
+                            self.root,
+                        )]);
+                    }
+                }
+                exec::compile(&m, &[main])
+            }
+        };
+        compiled.map_err(|e| vec![located(e.message, e.loc, self.root)])
     }
 
     /// Runs `main` (type-checked first), writing what it prints to `out`.
-    pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<Value, Vec<Diagnostic>> {
-        let ex = self.prepare_main()?;
+    pub fn run_main(
+        &self,
+        mode: Mode,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Value, Vec<Diagnostic>> {
+        let ex = self.prepare_main(mode)?;
         self.execute_main(&ex, out)
     }
 

@@ -1,0 +1,410 @@
+//! The graph optimiser: inlining and local simplification to a capped
+//! fixpoint, run on a copy of the module after differentiation.
+//!
+//! Reverse-mode AD leaves a program made of small graphs that return
+//! `(value, backpropagator)` pairs, backpropagator closures, environments
+//! of free-variable cotangents, symbolic zeros and `switch`es that skip a
+//! rule when its cotangent is zero. This pass removes that machinery where
+//! control flow is static:
+//!
+//! - **inline** every call of a known, non-recursive graph, cloning the
+//!   graphs nested in it (its closures) with their free variables remapped,
+//!   so a backpropagator built by an inlined `J` graph becomes a closure of
+//!   the caller — and a direct call once `tuple_get` of `make_tuple` has
+//!   exposed it, which is inlined in turn;
+//! - **simplify** locally ([`simplify`]): get-of-make on tuples and
+//!   records, environment get-of-set, `is_zero` of values that cannot be
+//!   the symbolic zero, `switch` on a constant or between equal branches,
+//!   `gadd` with a zero, `grad_finalize` of a tensor, `stop_gradient`;
+//! - **CSE** of pure primitive applications within a graph;
+//! - dead code disappears because a graph's body is what its output
+//!   depends on; nodes left dead are detached from their graphs.
+//!
+//! For straight-line and statically controlled programs (an MLP loss and
+//! its gradient) the result is one first-order graph of primitives with no
+//! closure left. Loops stay recursive graphs.
+//!
+//! Nodes copied by inlining from the standard library (or made by AD, with
+//! no location) take the location of the user's call they were inlined
+//! at, so errors still point at the user's source.
+
+mod inline;
+mod simplify;
+
+use std::collections::{HashMap, HashSet};
+
+use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
+use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
+
+/// Limits of the optimiser.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Rounds of inline + simplify at most.
+    pub max_rounds: usize,
+    /// No inlining once the module holds this many nodes.
+    pub node_budget: usize,
+    /// Nor once inlining has added this many nodes per live node of the
+    /// input (higher-order derivatives can grow without bound).
+    pub growth: f64,
+    /// A graph (with the graphs nested in it) larger than this is not
+    /// inlined.
+    pub max_inline_size: usize,
+    /// Source files of the standard library: their locations are replaced
+    /// by the user's call site when inlined.
+    pub internal_files: Vec<u32>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            max_rounds: 64,
+            node_budget: 2_000_000,
+            growth: 1.0,
+            max_inline_size: 5_000,
+            internal_files: Vec::new(),
+        }
+    }
+}
+
+/// What the optimiser did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub rounds: usize,
+    pub inlined: usize,
+    pub simplified: usize,
+    pub cse: usize,
+    /// Live application nodes reachable from the roots, before and after.
+    pub nodes_before: usize,
+    pub nodes_after: usize,
+    /// Graphs reachable from the roots, before and after.
+    pub graphs_before: usize,
+    pub graphs_after: usize,
+}
+
+/// Optimises the graphs reachable from `roots` in place.
+pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
+    let mut stats = Stats::default();
+    let t0 = std::time::Instant::now();
+    detach_dead(m, roots);
+    (stats.nodes_before, stats.graphs_before) = live_size(m, roots);
+    let budget = opts
+        .node_budget
+        .min(m.nodes.len() + (stats.nodes_before as f64 * opts.growth) as usize + 20_000);
+    for _ in 0..opts.max_rounds {
+        stats.rounds += 1;
+        let fv = free_variables(m);
+        let graphs = reachable_graphs(m, roots);
+        let bodies: HashMap<GraphId, Vec<NodeId>> = graphs
+            .iter()
+            .map(|g| (*g, graph_body_with(m, *g, &fv)))
+            .collect();
+        let recursive = recursive_graphs(m, &graphs, &bodies);
+        let children = nested_children(m, &fv);
+        let graphs_at_start = m.graphs.len();
+        let mut rw = Rewriter {
+            m,
+            opts,
+            fv: &fv,
+            bodies: &bodies,
+            recursive: &recursive,
+            children,
+            fwd: HashMap::new(),
+            dirty: HashSet::new(),
+            graphs_at_start,
+            budget,
+            changed: 0,
+            stats: &mut stats,
+        };
+        for g in &graphs {
+            for &n in &bodies[g] {
+                rw.visit(*g, n);
+            }
+            rw.cse(*g, &bodies[g]);
+        }
+        let changed = rw.changed;
+        rw.apply_forwarding();
+        detach_dead(m, roots);
+        if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
+            let (n, gs) = live_size(m, roots);
+            eprintln!(
+                "opt round {}: {changed} changes, {n} live nodes in {gs} graphs, {} in the arena, {:?} elapsed",
+                stats.rounds,
+                m.nodes.len(),
+                t0.elapsed()
+            );
+        }
+        if changed == 0 {
+            break;
+        }
+    }
+    (stats.nodes_after, stats.graphs_after) = live_size(m, roots);
+    stats
+}
+
+/// For each graph, the graphs with a free variable it owns (the closures
+/// lexically nested in it, one level down).
+fn nested_children(m: &Module, fv: &FreeVars) -> HashMap<GraphId, Vec<GraphId>> {
+    let mut out: HashMap<GraphId, Vec<GraphId>> = HashMap::new();
+    for k in m.graph_ids() {
+        let mut owners = HashSet::new();
+        for &v in fv.get(k) {
+            if let Some(o) = m.node(v).graph {
+                if o != k && owners.insert(o) {
+                    out.entry(o).or_default().push(k);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Live application nodes and graphs reachable from `roots`.
+pub fn live_size(m: &Module, roots: &[GraphId]) -> (usize, usize) {
+    let fv = free_variables(m);
+    let graphs = reachable_graphs(m, roots);
+    let nodes = graphs
+        .iter()
+        .map(|g| graph_body_with(m, *g, &fv).len())
+        .sum();
+    (nodes, graphs.len())
+}
+
+/// Graphs in a cycle of the call graph (through graph constants their live
+/// bodies use): loops and recursive functions. These are not inlined.
+fn recursive_graphs(
+    m: &Module,
+    graphs: &[GraphId],
+    bodies: &HashMap<GraphId, Vec<NodeId>>,
+) -> HashSet<GraphId> {
+    use petgraph::graph::DiGraph;
+    let mut index = HashMap::new();
+    let mut cg: DiGraph<GraphId, ()> = DiGraph::new();
+    for g in graphs {
+        index.insert(*g, cg.add_node(*g));
+    }
+    for g in graphs {
+        let mut refs = HashSet::new();
+        let mut note = |n: NodeId| {
+            if let Some(Const::Graph(h)) = m.as_const(n) {
+                refs.insert(*h);
+            }
+        };
+        for &n in &bodies[g] {
+            for &i in m.inputs(n) {
+                note(i);
+            }
+        }
+        if let Some(o) = m.graph(*g).output {
+            note(o);
+        }
+        for h in refs {
+            if let Some(hi) = index.get(&h) {
+                cg.add_edge(index[g], *hi, ());
+            }
+        }
+    }
+    let mut rec = HashSet::new();
+    for scc in petgraph::algo::tarjan_scc(&cg) {
+        let cyclic = scc.len() > 1 || cg.contains_edge(scc[0], scc[0]);
+        if cyclic {
+            rec.extend(scc.iter().map(|i| cg[*i]));
+        }
+    }
+    rec
+}
+
+/// Detaches application nodes that no reachable graph's output depends on
+/// (they would otherwise still count as uses when free variables are
+/// computed), and the nodes of unreachable graphs.
+fn detach_dead(m: &mut Module, roots: &[GraphId]) {
+    for _ in 0..4 {
+        let fv = free_variables(m);
+        let mut live: HashSet<NodeId> = HashSet::new();
+        let reach: HashSet<GraphId> = reachable_graphs(m, roots).into_iter().collect();
+        for g in &reach {
+            live.extend(graph_body_with(m, *g, &fv));
+        }
+        let mut removed = 0;
+        for i in 0..m.nodes.len() {
+            let node = &m.nodes[i];
+            let dead = match (&node.kind, node.graph) {
+                (NodeKind::Apply(_), Some(_)) => !live.contains(&NodeId(i as u32)),
+                _ => false,
+            };
+            if dead {
+                let node = &mut m.nodes[i];
+                node.kind = NodeKind::Const(Const::Unit);
+                node.graph = None;
+                removed += 1;
+            }
+        }
+        if removed == 0 {
+            break;
+        }
+    }
+}
+
+pub(crate) struct Rewriter<'a> {
+    pub m: &'a mut Module,
+    pub opts: &'a Options,
+    pub fv: &'a FreeVars,
+    pub bodies: &'a HashMap<GraphId, Vec<NodeId>>,
+    pub recursive: &'a HashSet<GraphId>,
+    pub children: HashMap<GraphId, Vec<GraphId>>,
+    /// Node replaced → its replacement (within one round).
+    pub fwd: HashMap<NodeId, NodeId>,
+    /// Graphs changed in this round: not inlined until the next one.
+    pub dirty: HashSet<GraphId>,
+    pub graphs_at_start: usize,
+    /// No inlining once the arena holds this many nodes.
+    pub budget: usize,
+    pub changed: usize,
+    pub stats: &'a mut Stats,
+}
+
+impl Rewriter<'_> {
+    pub fn resolve(&self, mut n: NodeId) -> NodeId {
+        while let Some(r) = self.fwd.get(&n) {
+            n = *r;
+        }
+        n
+    }
+
+    fn replace(&mut self, g: GraphId, n: NodeId, by: NodeId) {
+        if n != by {
+            self.fwd.insert(n, by);
+            self.dirty.insert(g);
+            self.changed += 1;
+        }
+    }
+
+    fn visit(&mut self, g: GraphId, n: NodeId) {
+        let NodeKind::Apply(inputs) = &self.m.node(n).kind else {
+            return;
+        };
+        if self.fwd.contains_key(&n) {
+            return;
+        }
+        let resolved: Vec<NodeId> = inputs.iter().map(|i| self.resolve(*i)).collect();
+        if &resolved != inputs {
+            self.m.node_mut(n).kind = NodeKind::Apply(resolved.clone());
+            self.dirty.insert(g);
+        }
+        match self.m.as_const(resolved[0]).cloned() {
+            Some(Const::Graph(h)) => {
+                if self.can_inline(h, resolved.len() - 1) {
+                    let out = self.inline(g, n, h, &resolved[1..]);
+                    self.stats.inlined += 1;
+                    self.replace(g, n, out);
+                }
+            }
+            Some(Const::Prim(p)) => {
+                if let Some(by) = self.simplify(g, n, p, &resolved[1..]) {
+                    self.stats.simplified += 1;
+                    self.replace(g, n, by);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Common-subexpression elimination of pure primitive applications
+    /// within graph `g` (every node of a graph's body runs when the graph
+    /// does, so any of two equal nodes can stand for both).
+    fn cse(&mut self, g: GraphId, body: &[NodeId]) {
+        let mut seen: HashMap<Vec<Key>, NodeId> = HashMap::new();
+        for &n in body {
+            if self.fwd.contains_key(&n) {
+                continue;
+            }
+            let Some(p) = self.m.applied_prim(n) else {
+                continue;
+            };
+            if p.category() == crate::prim::Category::Io {
+                continue;
+            }
+            let key: Vec<Key> = self
+                .m
+                .inputs(n)
+                .iter()
+                .map(|i| Key::of(self.m, self.resolve(*i)))
+                .collect();
+            match seen.get(&key) {
+                Some(first) => {
+                    let first = *first;
+                    self.stats.cse += 1;
+                    self.replace(g, n, first);
+                }
+                None => {
+                    seen.insert(key, n);
+                }
+            }
+        }
+    }
+
+    /// Rewrites every use of a replaced node, then forgets the table.
+    fn apply_forwarding(&mut self) {
+        if self.fwd.is_empty() {
+            return;
+        }
+        for i in 0..self.m.nodes.len() {
+            if let NodeKind::Apply(inputs) = &self.m.nodes[i].kind {
+                if inputs.iter().any(|x| self.fwd.contains_key(x)) {
+                    let new: Vec<NodeId> = inputs.iter().map(|x| self.resolve(*x)).collect();
+                    self.m.nodes[i].kind = NodeKind::Apply(new);
+                }
+            }
+        }
+        for gi in 0..self.m.graphs.len() {
+            if let Some(o) = self.m.graphs[gi].output {
+                let r = self.resolve(o);
+                self.m.graphs[gi].output = Some(r);
+            }
+        }
+        self.fwd.clear();
+    }
+
+    /// The location a copied node gets when inlined at `site`.
+    pub fn relocate(&self, own: Loc, site: Loc) -> Loc {
+        let internal = |l: Loc| l.is_none() || self.opts.internal_files.contains(&l.file);
+        if internal(own) && !internal(site) {
+            site
+        } else {
+            own
+        }
+    }
+}
+
+/// A hashable stand-in for a node when comparing applications: constants
+/// by value, everything else by id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Node(u32),
+    Int(i64),
+    Float(u64),
+    Bool(bool),
+    Str(std::sync::Arc<str>),
+    Unit,
+    DType(String),
+    Prim(crate::prim::Prim),
+    Graph(GraphId),
+}
+
+impl Key {
+    fn of(m: &Module, n: NodeId) -> Key {
+        match m.as_const(n) {
+            Some(Const::Int(i)) => Key::Int(*i),
+            Some(Const::Float(f)) => Key::Float(f.to_bits()),
+            Some(Const::Bool(b)) => Key::Bool(*b),
+            Some(Const::Str(s)) => Key::Str(s.clone()),
+            Some(Const::Unit) => Key::Unit,
+            Some(Const::DType(d)) => Key::DType(format!("{d:?}")),
+            Some(Const::Prim(p)) => Key::Prim(*p),
+            Some(Const::Graph(h)) => Key::Graph(*h),
+            _ => Key::Node(n.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

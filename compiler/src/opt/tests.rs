@@ -1,0 +1,115 @@
+//! One test per rewrite: IR text in, optimised IR text out.
+
+use super::{optimize, Options};
+use crate::ir::parse::parse_module;
+use crate::ir::print::print_module;
+
+fn opt(text: &str) -> String {
+    let (mut m, roots) = parse_module(text).unwrap_or_else(|e| panic!("{e:?}"));
+    let root = roots[0];
+    optimize(&mut m, &[root], &Options::default());
+    if let Err(e) = crate::ir::verify::verify_reachable(&m, &[root]) {
+        panic!("invalid IR after optimisation: {e:?}");
+    }
+    print_module(&m, &[root], None)
+}
+
+/// The body lines of the optimised root graph (no ids, to compare shapes).
+fn ops(text: &str) -> Vec<String> {
+    let printed = opt(text);
+    printed
+        .lines()
+        .take_while(|l| *l != "}")
+        .filter_map(|l| l.split_once(" = ").map(|(_, r)| r.to_string()))
+        .chain(
+            printed
+                .lines()
+                .find(|l| l.trim_start().starts_with("return"))
+                .map(|l| l.trim().to_string()),
+        )
+        .collect()
+}
+
+#[test]
+fn inlines_a_call_and_removes_the_callee() {
+    let out = opt("graph @main(%0 x) {\n  %1 = @sq(%0)\n  return %1\n}\n\
+         graph @sq(%2 y) {\n  %3 = mul(%2, %2)\n  return %3\n}\n");
+    assert!(!out.contains("@sq"), "{out}");
+    assert!(out.contains("mul(%0, %0)"), "{out}");
+}
+
+#[test]
+fn tuple_get_of_make_tuple() {
+    let o = ops("graph @main(%0 x, %1 y) {\n  %2 = make_tuple(%0, %1)\n  %3 = tuple_get(%2, 1)\n  %4 = exp(%3)\n  return %4\n}\n");
+    assert_eq!(o, ["exp(%1)", "return %2"], "{o:?}");
+}
+
+#[test]
+fn record_get_of_make_record() {
+    let o = ops("graph @main(%0 x, %1 y) {\n  %2 = make_record(\"w\", %0, \"b\", %1)\n  %3 = record_get(%2, \"b\")\n  return %3\n}\n");
+    assert_eq!(o, ["return %1"], "{o:?}");
+}
+
+#[test]
+fn env_get_of_set_skips_other_keys() {
+    let o = ops("graph @main(%0 x, %1 y) {\n  %2 = zero()\n  %3 = env_setitem(%2, 7, %0)\n  %4 = env_setitem(%3, 9, %1)\n  %5 = env_getitem(%4, 7)\n  %6 = env_getitem(%4, 8)\n  %7 = make_tuple(%5, %6)\n  return %7\n}\n");
+    assert_eq!(o, ["zero()", "make_tuple(%0, %2)", "return %3"], "{o:?}");
+}
+
+#[test]
+fn is_zero_switch_and_call_fold_to_the_rule() {
+    // The shape of every primitive's backpropagator: a zero check that
+    // selects between two graphs, then a call of the selected one.
+    let o = ops("graph @main(%0 x) {\n  %1 = exp(%0)\n  %2 = is_zero(%1)\n  %3 = switch(%2, @z, @r)\n  %4 = %3()\n  return %4\n}\n\
+         graph @z() {\n  %5 = zero()\n  return %5\n}\n\
+         graph @r() {\n  %6 = mul(%1, %0)\n  return %6\n}\n");
+    assert_eq!(o, ["exp(%0)", "mul(%1, %0)", "return %2"], "{o:?}");
+}
+
+#[test]
+fn gadd_of_zero_and_grad_finalize_of_tensor() {
+    let o = ops("graph @main(%0 x) {\n  %1 = zero()\n  %2 = sin(%0)\n  %3 = gadd(%1, %2)\n  %4 = grad_finalize(%3, %0)\n  return %4\n}\n");
+    assert_eq!(o, ["sin(%0)", "return %1"], "{o:?}");
+}
+
+#[test]
+fn switch_on_a_runtime_condition_stays() {
+    let out = opt("graph @main(%0 x) {\n  %1 = gt(%0, 0.0)\n  %2 = switch(%1, @a, @b)\n  %3 = %2()\n  return %3\n}\n\
+         graph @a() {\n  %4 = exp(%0)\n  return %4\n}\n\
+         graph @b() {\n  %5 = neg(%0)\n  return %5\n}\n");
+    assert!(out.contains("switch"), "{out}");
+}
+
+#[test]
+fn cse_merges_equal_applications_with_equal_constants() {
+    let o = ops("graph @main(%0 x) {\n  %1 = mul(%0, 2.0)\n  %2 = mul(%0, 2.0)\n  %3 = add(%1, %2)\n  return %3\n}\n");
+    assert_eq!(o, ["mul(%0, 2.0)", "add(%1, %1)", "return %2"], "{o:?}");
+}
+
+#[test]
+fn recursive_graphs_are_not_inlined() {
+    let out = opt("graph @main(%0 n) {\n  %1 = @loop(%0)\n  return %1\n}\n\
+         graph @loop(%2 i) {\n  %3 = gt(%2, 0)\n  %4 = switch(%3, @again, @done)\n  %5 = %4()\n  return %5\n}\n\
+         graph @again() {\n  %6 = sub(%2, 1)\n  %7 = @loop(%6)\n  return %7\n}\n\
+         graph @done() {\n  return %2\n}\n");
+    assert!(out.contains("@loop("), "{out}");
+}
+
+#[test]
+fn closures_nested_in_an_inlined_graph_are_cloned() {
+    // J-style: the callee returns (value, closure over its own nodes).
+    let o = ops("graph @main(%0 x) {\n  %1 = @jf(%0)\n  %2 = tuple_get(%1, 0)\n  %3 = tuple_get(%1, 1)\n  %4 = %3(1.0)\n  %5 = make_tuple(%2, %4)\n  return %5\n}\n\
+         graph @jf(%6 a) {\n  %7 = sin(%6)\n  %8 = make_tuple(%7, @bf)\n  return %8\n}\n\
+         graph @bf(%9 d) {\n  %10 = cos(%6)\n  %11 = mul(%9, %10)\n  return %11\n}\n");
+    assert_eq!(
+        o,
+        [
+            "sin(%0)",
+            "cos(%0)",
+            "mul(1.0, %2)",
+            "make_tuple(%1, %3)",
+            "return %4"
+        ],
+        "{o:?}"
+    );
+}
