@@ -131,8 +131,18 @@ impl Program {
     /// did.
     pub fn optimized(&self, roots: &[GraphId]) -> (crate::ir::Module, crate::opt::Stats) {
         let mut m = self.lowered.module.clone();
+        // An entry point that takes no arguments (`main`, or a driver) can
+        // be typed, and its shapes folded.
+        let entry = match roots {
+            [g] if m.graph(*g).params.is_empty() => Some((*g, Vec::new())),
+            [g] if self.lowered.effectful.contains(g) && m.graph(*g).params.len() == 1 => {
+                Some((*g, vec![crate::infer::AbsVal::Io]))
+            }
+            _ => None,
+        };
         let opts = crate::opt::Options {
             internal_files: self.lowered.stdlib_files.iter().map(|f| f.0).collect(),
+            entry,
             ..crate::opt::Options::default()
         };
         let stats = crate::opt::optimize(&mut m, roots, &opts);

@@ -71,6 +71,10 @@ pub struct InferOptions<'a> {
     /// Files whose code is not the user's (the standard library): an error
     /// inside them is reported at the user's call into them.
     pub internal_files: &'a [u32],
+    /// Do not require both branches of an `if` on a literal condition to
+    /// have one type (the optimiser's typed pass runs inference on
+    /// programs where derivative rules were inlined into literal code).
+    pub only_taken_branches: bool,
 }
 
 /// Identifies a specialisation in [`Types`].
@@ -744,7 +748,7 @@ impl<'a> Interp<'a> {
         let &[_, c, a, b] = self.m.inputs(callee) else {
             return Ok(None);
         };
-        if !provenance::is_literal(self.m, c) {
+        if self.opts.only_taken_branches || !provenance::is_literal(self.m, c) {
             return Ok(None);
         }
         let cond = match values.get(&callee) {

@@ -30,6 +30,7 @@
 
 mod inline;
 mod simplify;
+mod typed;
 
 use std::collections::{HashMap, HashSet};
 
@@ -52,6 +53,12 @@ pub struct Options {
     /// Source files of the standard library: their locations are replaced
     /// by the user's call site when inlined.
     pub internal_files: Vec<u32>,
+    /// The entry graph and the abstract values of its arguments: when
+    /// given, inference runs on the optimised module once the untyped
+    /// rewrites are done, and shapes known statically are folded.
+    pub entry: Option<(GraphId, Vec<crate::infer::AbsVal>)>,
+    /// Typed passes at most.
+    pub max_typed_passes: usize,
 }
 
 impl Default for Options {
@@ -62,6 +69,8 @@ impl Default for Options {
             growth: 1.0,
             max_inline_size: 5_000,
             internal_files: Vec::new(),
+            entry: None,
+            max_typed_passes: 4,
         }
     }
 }
@@ -90,6 +99,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
     let budget = opts
         .node_budget
         .min(m.nodes.len() + (stats.nodes_before as f64 * opts.growth) as usize + 20_000);
+    let mut typed_passes = 0;
     for _ in 0..opts.max_rounds {
         stats.rounds += 1;
         let fv = free_variables(m);
@@ -134,11 +144,79 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             );
         }
         if changed == 0 {
-            break;
+            let Some((entry, args)) = &opts.entry else {
+                break;
+            };
+            if typed_passes >= opts.max_typed_passes {
+                break;
+            }
+            typed_passes += 1;
+            if typed_pass(m, roots, opts, *entry, args, budget, &mut stats) == 0 {
+                break;
+            }
         }
     }
     (stats.nodes_after, stats.graphs_after) = live_size(m, roots);
     stats
+}
+
+/// Runs inference on the module as it is and applies the typed rewrites;
+/// returns how many were made.
+fn typed_pass(
+    m: &mut Module,
+    roots: &[GraphId],
+    opts: &Options,
+    entry: GraphId,
+    args: &[crate::infer::AbsVal],
+    budget: usize,
+    stats: &mut Stats,
+) -> usize {
+    // The program was checked before; if inference fails on the optimised
+    // module all the same, the typed rewrites are skipped, not reported.
+    let iopts = crate::infer::InferOptions {
+        only_taken_branches: true,
+        ..crate::infer::InferOptions::default()
+    };
+    let types = match crate::infer::infer_module_with(m, entry, args, &iopts) {
+        Ok(t) => t,
+        Err(e) => {
+            if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
+                eprintln!("opt: inference of the optimised module failed: {e}");
+            }
+            return 0;
+        }
+    };
+    let fv = free_variables(m);
+    let graphs = reachable_graphs(m, roots);
+    let bodies: HashMap<GraphId, Vec<NodeId>> = graphs
+        .iter()
+        .map(|g| (*g, graph_body_with(m, *g, &fv)))
+        .collect();
+    let recursive = HashSet::new();
+    let graphs_at_start = m.graphs.len();
+    let mut rw = Rewriter {
+        m,
+        opts,
+        fv: &fv,
+        bodies: &bodies,
+        recursive: &recursive,
+        children: HashMap::new(),
+        fwd: HashMap::new(),
+        dirty: HashSet::new(),
+        graphs_at_start,
+        budget,
+        changed: 0,
+        stats,
+    };
+    for g in &graphs {
+        for &n in &bodies[g] {
+            rw.visit_typed(*g, n, &types);
+        }
+    }
+    let changed = rw.changed;
+    rw.apply_forwarding();
+    detach_dead(m, roots);
+    changed
 }
 
 /// For each graph, the graphs with a free variable it owns (the closures

@@ -15,40 +15,9 @@ impl Rewriter<'_> {
         args: &[NodeId],
     ) -> Option<NodeId> {
         match p {
-            // tuple_get(make_tuple(x0, x1, ..), i) → xi; of zero() → zero().
-            Prim::TupleGet if args.len() == 2 => {
-                let t = args[0];
-                if self.m.applied_prim(t) == Some(Prim::Zero) {
-                    return Some(t);
-                }
-                let Some(Const::Int(i)) = self.m.as_const(args[1]) else {
-                    return None;
-                };
-                if self.m.applied_prim(t) != Some(Prim::MakeTuple) {
-                    return None;
-                }
-                let items = &self.m.inputs(t)[1..];
-                usize::try_from(*i).ok().and_then(|i| items.get(i)).copied()
-            }
-            // record_get(make_record("a", a, ..), "a") → a.
-            Prim::RecordGet if args.len() == 2 => {
-                let r = args[0];
-                if self.m.applied_prim(r) == Some(Prim::Zero) {
-                    return Some(r);
-                }
-                let Some(Const::Str(name)) = self.m.as_const(args[1]) else {
-                    return None;
-                };
-                if self.m.applied_prim(r) != Some(Prim::MakeRecord) {
-                    return None;
-                }
-                let name = name.clone();
-                let fields = &self.m.inputs(r)[1..];
-                fields
-                    .chunks(2)
-                    .find(|kv| matches!(self.m.as_const(kv[0]), Some(Const::Str(s)) if *s == name))
-                    .map(|kv| kv[1])
-            }
+            // tuple_get(make_tuple(x0, x1, ..), i) → xi; of zero() → zero();
+            // record_get likewise; both pushed through cotangent builders.
+            Prim::TupleGet | Prim::RecordGet if args.len() == 2 => self.get_of(g, n, p, args),
             // env_getitem(env_setitem(e, k, v), k) → v, skipping other keys;
             // env_getitem(zero(), k) → zero().
             Prim::EnvGetitem if args.len() == 2 => {
@@ -114,14 +83,84 @@ impl Rewriter<'_> {
                     None
                 }
             }
-            // A tensor cotangent needs no zeros filled in.
-            Prim::GradFinalize if args.len() == 2 => {
-                (self.tensor_valued(args[0]) && self.never_zero(args[0])).then_some(args[0])
-            }
             // After differentiation, stop_gradient is the identity.
             Prim::StopGradient if args.len() == 1 => Some(args[0]),
             _ => None,
         }
+    }
+
+    /// `tuple_get` / `record_get` (`p`) of `args[0]` at key `args[1]`.
+    fn get_of(&mut self, g: GraphId, n: NodeId, p: Prim, args: &[NodeId]) -> Option<NodeId> {
+        let (t, k) = (args[0], args[1]);
+        let loc = self.m.node(n).loc;
+        let same_key = |m: &crate::ir::Module, a: NodeId| -> Option<bool> {
+            match (m.as_const(a)?, m.as_const(k)?) {
+                (Const::Int(x), Const::Int(y)) => Some(x == y),
+                (Const::Str(x), Const::Str(y)) => Some(x == y),
+                _ => None,
+            }
+        };
+        let ins = self.m.inputs(t).to_vec();
+        match self.m.applied_prim(t)? {
+            Prim::Zero => Some(t),
+            Prim::MakeTuple if p == Prim::TupleGet => {
+                let Some(Const::Int(i)) = self.m.as_const(k) else {
+                    return None;
+                };
+                usize::try_from(*i)
+                    .ok()
+                    .and_then(|i| ins[1..].get(i))
+                    .copied()
+            }
+            Prim::MakeRecord if p == Prim::RecordGet => {
+                let mut found = None;
+                for kv in ins[1..].chunks(2) {
+                    if same_key(self.m, kv[0]) == Some(true) {
+                        found = Some(kv[1]);
+                    }
+                }
+                found
+            }
+            // tuple_grad(t, j, d) has d at j and zeros elsewhere.
+            Prim::TupleGrad if p == Prim::TupleGet => match same_key(self.m, ins[2])? {
+                true => Some(ins[3]),
+                false => Some(self.m.add_prim(g, Prim::Zero, &[], loc)),
+            },
+            Prim::RecordGrad if p == Prim::RecordGet => match same_key(self.m, ins[2])? {
+                true => Some(ins[3]),
+                false => Some(self.m.add_prim(g, Prim::Zero, &[], loc)),
+            },
+            // get(gadd(x, y), k) → gadd(get(x, k), get(y, k)) when that
+            // reaches a cotangent builder.
+            Prim::GAdd if ins[1..].iter().any(|x| self.builds_cotangent(*x)) => {
+                let a = self.m.add_prim(g, p, &[ins[1], k], loc);
+                let b = self.m.add_prim(g, p, &[ins[2], k], loc);
+                Some(self.m.add_prim(g, Prim::GAdd, &[a, b], loc))
+            }
+            // get(grad_finalize(d, x), k) → grad_finalize(get(d, k), get(x, k)).
+            Prim::GradFinalize => {
+                let a = self.m.add_prim(g, p, &[ins[1], k], loc);
+                let b = self.m.add_prim(g, p, &[ins[2], k], loc);
+                Some(self.m.add_prim(g, Prim::GradFinalize, &[a, b], loc))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `n` builds a structured cotangent whose parts the rules
+    /// above can take apart.
+    pub(super) fn builds_cotangent(&self, n: NodeId) -> bool {
+        matches!(
+            self.m.applied_prim(n),
+            Some(
+                Prim::Zero
+                    | Prim::GAdd
+                    | Prim::TupleGrad
+                    | Prim::RecordGrad
+                    | Prim::MakeTuple
+                    | Prim::MakeRecord
+            )
+        )
     }
 
     /// Whether two nodes certainly hold the same value.

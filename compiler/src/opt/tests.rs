@@ -67,9 +67,73 @@ fn is_zero_switch_and_call_fold_to_the_rule() {
 }
 
 #[test]
-fn gadd_of_zero_and_grad_finalize_of_tensor() {
+fn gadd_of_zero() {
     let o = ops("graph @main(%0 x) {\n  %1 = zero()\n  %2 = sin(%0)\n  %3 = gadd(%1, %2)\n  %4 = grad_finalize(%3, %0)\n  return %4\n}\n");
-    assert_eq!(o, ["sin(%0)", "return %1"], "{o:?}");
+    // Without types, grad_finalize stays (it may cast).
+    assert_eq!(
+        o,
+        ["sin(%0)", "grad_finalize(%1, %0)", "return %2"],
+        "{o:?}"
+    );
+}
+
+#[test]
+fn gets_of_cotangent_builders() {
+    // The cotangent of a record argument, taken apart field by field.
+    let o = ops("graph @main(%0 r, %1 a, %2 b) {\n  %3 = record_grad(%0, \"w\", %1)\n  %4 = record_grad(%0, \"b\", %2)\n  %5 = gadd(%3, %4)\n  %6 = record_get(%5, \"b\")\n  %7 = tuple_grad(%0, 1, %1)\n  %8 = tuple_get(%7, 0)\n  %9 = make_tuple(%6, %8)\n  return %9\n}\n");
+    assert_eq!(o, ["zero()", "make_tuple(%2, %3)", "return %4"], "{o:?}");
+}
+
+/// Optimises with `@main` (no parameters) as the typed entry.
+fn ops_typed(text: &str) -> Vec<String> {
+    let (mut m, roots) = parse_module(text).unwrap_or_else(|e| panic!("{e:?}"));
+    let root = roots[0];
+    let opts = Options {
+        entry: Some((root, Vec::new())),
+        ..Options::default()
+    };
+    optimize(&mut m, &[root], &opts);
+    let printed = print_module(&m, &[root], None);
+    printed
+        .lines()
+        .take_while(|l| *l != "}")
+        .filter_map(|l| {
+            l.split_once(" = ").map(|(_, r)| r.to_string()).or_else(|| {
+                l.trim()
+                    .strip_prefix("return")
+                    .map(|r| format!("return{r}"))
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn typed_shape_queries_fold_and_the_switch_on_them() {
+    let o = ops_typed("graph @main() {\n  %1 = make_tuple(2, 3)\n  %2 = ones(%1, f32)\n  %3 = shape(%2)\n  %4 = tuple_len(%3)\n  %5 = eq(%4, 2)\n  %6 = switch(%5, @a, @b)\n  %7 = %6()\n  return %7\n}\n\
+         graph @a() {\n  %8 = sum_to(%2, %2)\n  %9 = reshape(%8, %3)\n  %10 = exp(%9)\n  return %10\n}\n\
+         graph @b() {\n  %11 = neg(%2)\n  return %11\n}\n");
+    assert_eq!(
+        o,
+        ["make_tuple(2, 3)", "ones(%0, f32)", "exp(%1)", "return %2"],
+        "{o:?}"
+    );
+}
+
+#[test]
+fn typed_grad_finalize_keeps_a_needed_cast() {
+    // d is f32, x is a weak f64 scalar: the cast stays.
+    let o = ops_typed("graph @main() {\n  %1 = make_tuple()\n  %2 = ones(%1, f32)\n  %3 = grad_finalize(%2, 2.0)\n  %4 = grad_finalize(%2, %2)\n  %5 = make_tuple(%3, %4)\n  return %5\n}\n");
+    assert_eq!(
+        o,
+        [
+            "make_tuple()",
+            "ones(%0, f32)",
+            "grad_finalize(%1, 2.0)",
+            "make_tuple(%2, %1)",
+            "return %3"
+        ],
+        "{o:?}"
+    );
 }
 
 #[test]
