@@ -1,23 +1,32 @@
-//! Finite-difference checks of the reverse rule of every differentiable
-//! primitive.
+//! Finite-difference checks of the derivative rules of every
+//! differentiable primitive, reverse (`bprop`) and forward (`jvp_*`).
 //!
 //! The table below has one or more cases per primitive: a scalar loss written
 //! in Adjoint over f64 inputs drawn from `randn` (shifted into the domain
 //! of the primitive and away from its kinks), usually of the form
 //! `sum(OP(x, ..) * w)` with random weights `w`, in several shapes including
-//! broadcasting. For each case a program is generated that computes
-//! `grad(loss, argnums = (..))` and, for every element of every
-//! differentiated input, the central difference
-//! `(loss(x + eps e_k) - loss(x - eps e_k)) / (2 eps)`, where the
-//! perturbation `e_k` is `reshape(one_hot(k, n), shape(x))`; it prints the
-//! largest relative error `|ad - fd| / max(1, |ad|, |fd|)`. Programs run
-//! in-process (eager mode) and every case must stay below its tolerance
-//! (1e-6 unless the case says otherwise).
+//! broadcasting. Every case is checked in both modes, each by a generated
+//! program that computes, for every element of every differentiated input,
+//! the central difference `(loss(x + eps e_k) - loss(x - eps e_k)) / (2 eps)`,
+//! where the perturbation `e_k` is `reshape(one_hot(k, n), shape(x))`, and
+//! compares it with
+//!
+//! - reverse mode: element `k` of `grad(loss, argnums = (..))`;
+//! - forward mode: the tangent `jvp(loss, (x..), (e_k, 0..)).1` (the
+//!   other inputs' tangents zero); the value `jvp` returns must also be
+//!   `loss(x..)`.
+//!
+//! Each program prints the largest relative error
+//! `|ad - fd| / max(1, |ad|, |fd|)`. Programs run in-process (eager mode)
+//! and every case must stay below its tolerance (1e-6 unless the case says
+//! otherwise).
 //!
 //! Coverage: every primitive of `Prim::ALL` whose `info().differentiable` is
-//! set must have a case here, except the few listed in `SKIP`. A primitive
+//! set must have a case here, except the few listed in `SKIP`; since every
+//! case runs in both modes, that covers forward mode too. A primitive
 //! added later without a case makes `every_differentiable_primitive_has_a_case`
-//! fail.
+//! fail. Primitives listed in `ad::NO_RULE_YET` must fail to compile, in
+//! both modes, with "has no derivative rule".
 //!
 //! All failures are collected and reported together, each with its
 //! generated program. `GRADCHECK_FILTER=NAME` runs only the cases of the
@@ -690,8 +699,19 @@ fn cases() -> Vec<Case> {
     v
 }
 
-/// The generated program of one case.
-fn program(c: &Case) -> String {
+/// Which derivative a generated program checks.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum AdMode {
+    /// `grad` (reverse mode): every element of the gradient.
+    Reverse,
+    /// `jvp` (forward mode): the tangent along every unit direction of
+    /// every differentiated input (the other inputs' tangents zero), and
+    /// the value `jvp` returns.
+    Forward,
+}
+
+/// The generated program of one case, in one mode.
+fn program(c: &Case, mode: AdMode) -> String {
     let mut names: Vec<&str> = c.diff.iter().map(|(n, _)| *n).collect();
     names.extend(c.consts.iter().map(|(n, _)| *n));
     let params = names.join(", ");
@@ -707,15 +727,32 @@ fn program(c: &Case) -> String {
     for (n, init) in c.diff.iter().chain(c.consts.iter()) {
         s.push_str(&format!("    let {n} = {init};\n"));
     }
-    let argnums: Vec<String> = (0..dnames.len()).map(|i| i.to_string()).collect();
-    s.push_str(&format!(
-        "    let g = grad(|{}| loss({params}), argnums = ({},))({});\n",
-        dnames.join(", "),
-        argnums.join(", "),
-        dnames.join(", ")
-    ));
+    let lambda = format!("|{}| loss({params})", dnames.join(", "));
+    if mode == AdMode::Reverse {
+        let argnums: Vec<String> = (0..dnames.len()).map(|i| i.to_string()).collect();
+        s.push_str(&format!(
+            "    let g = grad({lambda}, argnums = ({},))({});\n",
+            argnums.join(", "),
+            dnames.join(", ")
+        ));
+    }
     s.push_str(&format!("    let eps = {:e};\n", c.eps));
     s.push_str("    let mut err = 0.0;\n");
+    if mode == AdMode::Forward {
+        // The value jvp returns is the function's.
+        s.push_str(&format!(
+            "    let zs = ({},);\n",
+            dnames
+                .iter()
+                .map(|d| format!("zeros_like({d})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        s.push_str(&format!(
+            "    err = maximum(err, relerr(jvp({lambda}, ({},), zs).0, loss({params})));\n",
+            dnames.join(", ")
+        ));
+    }
     for (i, d) in dnames.iter().enumerate() {
         let with = |op: &str| {
             names
@@ -731,19 +768,42 @@ fn program(c: &Case) -> String {
                 .join(", ")
         };
         s.push_str(&format!("    let n{i} = size({d});\n"));
-        s.push_str(&format!("    let gf{i} = reshape(g.{i}, [n{i}]);\n"));
+        if mode == AdMode::Reverse {
+            s.push_str(&format!("    let gf{i} = reshape(g.{i}, [n{i}]);\n"));
+        }
         s.push_str(&format!("    for k in 0..n{i} {{\n"));
         s.push_str(&format!(
-            "        let e = reshape(one_hot(k, n{i}, dtype = f64), shape({d})) * eps;\n"
+            "        let u = reshape(one_hot(k, n{i}, dtype = f64), shape({d}));\n"
         ));
+        s.push_str("        let e = u * eps;\n");
         s.push_str(&format!(
             "        let fd = (loss_fd({}) - loss_fd({})) / (2.0 * eps);\n",
             with("+"),
             with("-")
         ));
-        s.push_str(&format!(
-            "        err = maximum(err, relerr(gf{i}[k], fd));\n"
-        ));
+        match mode {
+            AdMode::Reverse => s.push_str(&format!(
+                "        err = maximum(err, relerr(gf{i}[k], fd));\n"
+            )),
+            AdMode::Forward => {
+                let tangents: Vec<String> = dnames
+                    .iter()
+                    .map(|n| {
+                        if n == d {
+                            "u".to_string()
+                        } else {
+                            format!("zeros_like({n})")
+                        }
+                    })
+                    .collect();
+                s.push_str(&format!(
+                    "        let t = jvp({lambda}, ({},), ({},)).1;\n",
+                    dnames.join(", "),
+                    tangents.join(", ")
+                ));
+                s.push_str("        err = maximum(err, relerr(t, fd));\n");
+            }
+        }
         s.push_str("    }\n");
     }
     s.push_str("    print(err);\n}\n");
@@ -792,8 +852,8 @@ fn every_differentiable_primitive_has_a_case() {
     );
 }
 
-#[test]
-fn gradients_match_finite_differences() {
+/// Runs every case (or those `GRADCHECK_FILTER` selects) in `mode`.
+fn check_all(mode: AdMode) {
     let filter = std::env::var("GRADCHECK_FILTER").ok();
     let mut failures = Vec::new();
     let mut ran = 0;
@@ -804,9 +864,9 @@ fn gradients_match_finite_differences() {
             }
         }
         ran += 1;
-        let src = program(&c);
+        let src = program(&c, mode);
         let name = format!("gradcheck_{}.adj", c.prim);
-        let what = format!("{} ({})", c.prim, c.label);
+        let what = format!("{} ({}, {mode:?} mode)", c.prim, c.label);
         let no_rule = adjoint_compiler::ad::NO_RULE_YET
             .iter()
             .any(|p| p.name() == c.prim);
@@ -836,8 +896,20 @@ fn gradients_match_finite_differences() {
     assert!(ran > 0, "no case ran");
     assert!(
         failures.is_empty(),
-        "{} of {ran} gradient checks failed:\n\n{}",
+        "{} of {ran} {mode:?}-mode checks failed:\n\n{}",
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// Reverse mode: `grad` against central differences.
+#[test]
+fn gradients_match_finite_differences() {
+    check_all(AdMode::Reverse);
+}
+
+/// Forward mode: `jvp` against central differences, for the same table.
+#[test]
+fn tangents_match_finite_differences() {
+    check_all(AdMode::Forward);
 }

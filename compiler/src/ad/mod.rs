@@ -1,4 +1,5 @@
-//! Reverse-mode automatic differentiation as an IR-to-IR transform.
+//! Automatic differentiation as IR-to-IR transforms: reverse mode here,
+//! forward mode in `forward.rs`.
 //!
 //! `J` maps every graph `f` to a graph `J(f)` with the same parameters that
 //! returns `(value, backpropagator)`. The backpropagator is an ordinary
@@ -16,9 +17,12 @@
 //! missing contribution is the symbolic zero `zero()`; each primitive's
 //! backpropagator returns zeros at once when its output cotangent is zero.
 //!
-//! Forward mode (`jvp`) is computed here by differentiating the linear map
-//! `u ↦ vjp(f, x)(u)` once more (the "double vjp"): a dedicated forward
-//! transform is future work.
+//! Forward mode (`jvp`) is a separate transform on the same IR, in
+//! `forward.rs`: each graph `f` becomes `F(f)`, which computes values and
+//! tangents together, with the tangent rules of `stdlib/jvp.adj`. Both
+//! share the request queue, the checks and the rule table ([`Rules`]).
+
+mod forward;
 
 use std::collections::{HashMap, HashSet};
 
@@ -54,12 +58,17 @@ pub struct AdRequest {
     pub name: String,
 }
 
-/// Reverse rules: lowered `bprop` graphs for primitives and for user
-/// functions with a custom rule.
+pub use forward::{missing_tangent_rules, tangent_is_generated};
+
+/// Derivative rules: lowered `bprop` graphs for primitives and for user
+/// functions with a custom rule (reverse mode), and lowered `jvp_*`
+/// functions of `stdlib/jvp.adj` for primitives (forward mode).
 #[derive(Clone, Debug, Default)]
 pub struct Rules {
     pub prims: HashMap<Prim, GraphId>,
     pub user: HashMap<GraphId, GraphId>,
+    /// Tangent rules, `jvp_p(inputs.., out, tangents..)`.
+    pub tangents: HashMap<Prim, GraphId>,
 }
 
 #[derive(Clone, Debug)]
@@ -117,6 +126,12 @@ pub fn run(
         j_closed: HashMap::new(),
         j_prims: HashMap::new(),
         node_map: HashMap::new(),
+        f_graphs: HashMap::new(),
+        f_closed: HashMap::new(),
+        f_prims: HashMap::new(),
+        f_primal: HashMap::new(),
+        f_tangent: HashMap::new(),
+        f_zeros: HashMap::new(),
         checks: Vec::new(),
     };
     // A request may differentiate a function that contains another request's
@@ -158,6 +173,16 @@ struct Ad<'a> {
     j_prims: HashMap<(Prim, usize, bool), GraphId>,
     /// Original node → its forward value inside a J graph.
     node_map: HashMap<NodeId, NodeId>,
+    /// Forward mode (`forward.rs`): F of graphs with free variables
+    /// (within one request), of closed graphs (shared), of primitives.
+    f_graphs: HashMap<GraphId, GraphId>,
+    f_closed: HashMap<GraphId, GraphId>,
+    f_prims: HashMap<(Prim, usize, bool), GraphId>,
+    /// Original node → its primal and its tangent inside an F graph.
+    f_primal: HashMap<NodeId, NodeId>,
+    f_tangent: HashMap<NodeId, NodeId>,
+    /// The `zero()` node of each F graph.
+    f_zeros: HashMap<GraphId, NodeId>,
     checks: Vec<Check>,
 }
 
@@ -187,13 +212,19 @@ impl Ad<'_> {
     fn build(&mut self, req: &AdRequest) -> R<()> {
         self.fv = free_variables(self.m);
         self.j_graphs.clear();
+        self.f_graphs.clear();
+        self.f_primal.clear();
+        self.f_tangent.clear();
         let src = req.source;
         let loc = req.loc;
         let n = self.m.graph(src).params.len();
         let names = self.m.graph(src).param_names.clone();
-        let jf = self.j_graph(src, loc)?;
         let t = req.target;
         self.m.graph_mut(t).name = format!("{}.{}", kind_name(&req.kind), req.name);
+        if let AdKind::Jvp = req.kind {
+            return self.build_jvp(t, src, loc);
+        }
+        let jf = self.j_graph(src, loc)?;
         match &req.kind {
             AdKind::Grad {
                 argnums,
@@ -257,31 +288,7 @@ impl Ad<'_> {
                 let out = self.prim(t, Prim::MakeTuple, &[y, pbr], loc);
                 self.m.set_output(t, out);
             }
-            AdKind::Jvp => {
-                let xs = self.m.add_param(t, "primals", loc);
-                let dxs = self.m.add_param(t, "tangents", loc);
-                let ps: Vec<NodeId> = (0..n).map(|i| self.get(t, xs, i, loc)).collect();
-                let (y, _) = self.forward(t, jf, &ps, loc);
-                // L(u) = vjp(f, x)(u) is linear in u; its transpose applied to
-                // the tangents is the forward derivative.
-                let l = self.m.add_graph(format!("linear.{}", req.name), loc);
-                let u = self.m.add_param(l, "u", loc);
-                let (_, bpl) = self.forward(l, jf, &ps, loc);
-                self.pull_back(l, bpl, u, &ps, loc);
-                self.fv = free_variables(self.m);
-                let jl = self.j_graph(l, loc)?;
-                // Any point will do for a linear map: zeros shaped like y.
-                let z = self.zero(t, loc);
-                let u0 = self.prim(t, Prim::GradFinalize, &[z, y], loc);
-                let jlr = self.gref(jl, loc);
-                let r2 = self.call(t, jlr, &[u0], loc);
-                let bp2 = self.get(t, r2, 1, loc);
-                let d2 = self.call(t, bp2, &[dxs], loc);
-                let du = self.get(t, d2, 1, loc);
-                let dy = self.prim(t, Prim::GradFinalize, &[du, y], loc);
-                let out = self.prim(t, Prim::MakeTuple, &[y, dy], loc);
-                self.m.set_output(t, out);
-            }
+            AdKind::Jvp => unreachable!("built by build_jvp"),
         }
         Ok(())
     }

@@ -36,6 +36,7 @@ pub const STDLIB: &[(&str, &str)] = &[
     ("prelude", include_str!("../../../stdlib/prelude.adj")),
     ("nn", include_str!("../../../stdlib/nn.adj")),
     ("bprop", include_str!("../../../stdlib/bprop.adj")),
+    ("jvp", include_str!("../../../stdlib/jvp.adj")),
 ];
 
 /// Reads imported files (the root package provides one backed by the file
@@ -193,6 +194,8 @@ pub struct Lowerer<'a> {
     checks: Vec<Check>,
     ad_requests: Vec<AdRequest>,
     bprop_mod: Option<usize>,
+    /// The tangent rules (`stdlib/jvp.adj`).
+    jvp_mod: Option<usize>,
 }
 
 /// Names of user-facing primitives that are spelled differently or not
@@ -261,6 +264,7 @@ impl<'a> Lowerer<'a> {
             checks: Vec::new(),
             ad_requests: Vec::new(),
             bprop_mod: None,
+            jvp_mod: None,
         };
         let prelude_src = STDLIB[0].1;
         let pf = lw.sources.add_file("<stdlib>/prelude.adj", prelude_src);
@@ -271,6 +275,10 @@ impl<'a> Lowerer<'a> {
         let bprop_mod = lw.load_module(bf, None);
         lw.mods[bprop_mod].internal = true;
         lw.bprop_mod = Some(bprop_mod);
+        let jf = lw.sources.add_file("<stdlib>/jvp.adj", STDLIB[3].1);
+        let jvp_mod = lw.load_module(jf, None);
+        lw.mods[jvp_mod].internal = true;
+        lw.jvp_mod = Some(jvp_mod);
         let root_dir = root_path.and_then(|p| p.parent().map(|d| d.to_path_buf()));
         let root_mod = lw.load_module(root, root_dir);
         if lw.diags.iter().any(|d| d.is_error()) {
@@ -590,6 +598,7 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
+        self.lower_tangent_rules(&mut rules);
         self.drain_pending();
         let missing = crate::ad::missing_rules(&rules);
         if !missing.is_empty() {
@@ -603,7 +612,59 @@ impl<'a> Lowerer<'a> {
                 .with_note("every differentiable primitive needs a `bprop` in stdlib/bprop.adj"),
             );
         }
+        let missing = crate::ad::missing_tangent_rules(&rules);
+        if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|p| p.name()).collect();
+            let span = Span::point(self.mods[self.jvp_mod.unwrap_or(0)].file, 0);
+            self.error(
+                Diagnostic::error(format!("no tangent rule for: {}", names.join(", ")), span)
+                    .with_note(
+                        "every differentiable primitive needs a `jvp_` function in stdlib/jvp.adj",
+                    ),
+            );
+        }
         rules
+    }
+
+    /// Lowers the tangent rules of forward mode: the functions `jvp_P` of
+    /// `stdlib/jvp.adj`, one per primitive `P` (other functions there are
+    /// helpers).
+    fn lower_tangent_rules(&mut self, rules: &mut Rules) {
+        let Some(module) = self.jvp_mod else {
+            return;
+        };
+        let mut fns: Vec<(String, usize)> = self.mods[module]
+            .fns
+            .iter()
+            .map(|(n, i)| (n.clone(), *i))
+            .collect();
+        fns.sort_by_key(|(_, i)| *i);
+        for (name, item) in fns {
+            let Some(pname) = name.strip_prefix("jvp_") else {
+                continue;
+            };
+            let span = match &self.mods[module].ast.items[item] {
+                Item::Fn(d) => d.name.span,
+                _ => continue,
+            };
+            let problem = match Prim::from_name(pname) {
+                None => Some(format!("tangent rule for unknown primitive `{pname}`")),
+                Some(p) if !p.info().differentiable => Some(format!(
+                    "tangent rule for `{p}`, which is not differentiable"
+                )),
+                Some(p) if crate::ad::tangent_is_generated(p) => Some(format!(
+                    "tangent rule for `{p}`, whose rule the forward transform generates"
+                )),
+                Some(p) => {
+                    let g = self.fn_graph(FnKey { module, item });
+                    rules.tangents.insert(p, g);
+                    None
+                }
+            };
+            if let Some(message) = problem {
+                self.error(Diagnostic::error(message, span));
+            }
+        }
     }
 
     /// A primitive callable by this name from `module`.
