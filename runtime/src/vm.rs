@@ -20,6 +20,15 @@ pub enum Operand {
     Const(u32),
 }
 
+/// Machine code made by a backend for part of a graph (a fused kernel):
+/// the VM calls it like a primitive. The runtime defines the interface;
+/// the compiler's code generators implement it.
+pub trait NativeKernel: Send + Sync {
+    /// A short name for traces and debugging output.
+    fn name(&self) -> &str;
+    fn call(&self, args: &[Value]) -> Result<Value, RtError>;
+}
+
 /// Index into [`Program::locs`]: where in the source an instruction came
 /// from. The meaning of a location is up to the producer of the program.
 pub type LocIndex = u32;
@@ -31,6 +40,13 @@ pub enum Instr {
         dst: u32,
         name: &'static str,
         kernel: Kernel,
+        args: Vec<Operand>,
+        loc: LocIndex,
+    },
+    /// `dst = kernel(args..)` for compiled code.
+    Native {
+        dst: u32,
+        kernel: Arc<dyn NativeKernel>,
         args: Vec<Operand>,
         loc: LocIndex,
     },
@@ -69,6 +85,9 @@ impl std::fmt::Debug for Instr {
             Instr::Prim {
                 dst, name, args, ..
             } => write!(f, "s{dst} = {name}{args:?}"),
+            Instr::Native {
+                dst, kernel, args, ..
+            } => write!(f, "s{dst} = native {}{args:?}", kernel.name()),
             Instr::Switch {
                 dst, cond, a, b, ..
             } => {
@@ -315,6 +334,28 @@ impl<'a> Vm<'a> {
                                 loc: Some(loc),
                                 trace: Vec::new(),
                             }))
+                        }
+                    }
+                }
+                Instr::Native {
+                    dst,
+                    kernel,
+                    args,
+                    loc,
+                } => {
+                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
+                    let (dst, loc) = (*dst, *loc);
+                    match kernel.call(&values) {
+                        Ok(v) => {
+                            let frame = self.frames.last_mut().expect("frame");
+                            frame.slots[dst as usize] = Some(v);
+                        }
+                        Err(e) => {
+                            return Err(VmError {
+                                message: e.to_string(),
+                                loc: Some(loc),
+                                trace: Vec::new(),
+                            })
                         }
                     }
                 }
