@@ -65,6 +65,15 @@ pub fn const_value(c: &Const) -> Option<Value> {
 }
 
 pub fn compile(m: &Module, roots: &[GraphId]) -> Result<Executable, ExecError> {
+    compile_with(m, roots, None)
+}
+
+/// Compiles with the groups of a fusion plan run as native kernels.
+pub fn compile_with(
+    m: &Module,
+    roots: &[GraphId],
+    plan: Option<&crate::fuse::Plan>,
+) -> Result<Executable, ExecError> {
     let graphs = reachable_graphs(m, roots);
     let fv = free_variables(m);
     let code_of: HashMap<GraphId, CodeId> = graphs
@@ -78,7 +87,7 @@ pub fn compile(m: &Module, roots: &[GraphId]) -> Result<Executable, ExecError> {
         locs: Vec::new(),
     };
     for &g in &graphs {
-        let code = compile_graph(m, g, &fv, &mut ex)?;
+        let code = compile_graph(m, g, &fv, &mut ex, plan)?;
         ex.program.codes.push(code);
     }
     Ok(ex)
@@ -147,11 +156,93 @@ impl CodeBuilder<'_> {
     }
 }
 
+/// What to emit next: a node, or a fused group (by index in the plan).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+enum Unit {
+    Node(NodeId),
+    Group(usize),
+}
+
+/// The body in an order where each fused group is one step: every unit
+/// after the units it depends on, otherwise in body order.
+fn schedule(
+    m: &Module,
+    g: GraphId,
+    body: &[NodeId],
+    fv: &FreeVars,
+    plan: Option<&crate::fuse::Plan>,
+) -> Vec<Unit> {
+    let unit = |n: NodeId| match plan.and_then(|p| p.member_of.get(&n)) {
+        Some(gi) => Unit::Group(*gi),
+        None => Unit::Node(n),
+    };
+    let Some(_) = plan.filter(|p| body.iter().any(|n| p.member_of.contains_key(n))) else {
+        return body.iter().map(|n| Unit::Node(*n)).collect();
+    };
+    let pos: HashMap<NodeId, usize> = body.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let mut first: HashMap<Unit, usize> = HashMap::new();
+    let mut deps: HashMap<Unit, std::collections::HashSet<Unit>> = HashMap::new();
+    for (i, &n) in body.iter().enumerate() {
+        let u = unit(n);
+        first.entry(u).or_insert(i);
+        let d = deps.entry(u).or_default();
+        for &x in m.inputs(n) {
+            let mut srcs = vec![x];
+            if let Some(Const::Graph(h)) = m.as_const(x) {
+                srcs.extend(fv.get(*h).iter().copied());
+            }
+            for s in srcs {
+                if pos.contains_key(&s) && m.node(s).graph == Some(g) {
+                    let us = unit(s);
+                    if us != u {
+                        d.insert(us);
+                    }
+                }
+            }
+        }
+    }
+    let mut indeg: HashMap<Unit, usize> = first.keys().map(|u| (*u, 0)).collect();
+    let mut rdeps: HashMap<Unit, Vec<Unit>> = HashMap::new();
+    for (u, ds) in &deps {
+        *indeg.get_mut(u).expect("unit") += ds.len();
+        for d in ds {
+            rdeps.entry(*d).or_default().push(*u);
+        }
+    }
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<(usize, usize)>> =
+        std::collections::BinaryHeap::new();
+    let units: Vec<Unit> = {
+        let mut v: Vec<(usize, Unit)> = first.iter().map(|(u, i)| (*i, *u)).collect();
+        v.sort_by_key(|(i, _)| *i);
+        v.into_iter().map(|(_, u)| u).collect()
+    };
+    let index: HashMap<Unit, usize> = units.iter().enumerate().map(|(i, u)| (*u, i)).collect();
+    for (i, u) in units.iter().enumerate() {
+        if indeg[u] == 0 {
+            ready.push(std::cmp::Reverse((first[u], i)));
+        }
+    }
+    let mut order = Vec::with_capacity(units.len());
+    while let Some(std::cmp::Reverse((_, i))) = ready.pop() {
+        let u = units[i];
+        order.push(u);
+        for r in rdeps.get(&u).cloned().unwrap_or_default() {
+            let k = indeg.get_mut(&r).expect("unit");
+            *k -= 1;
+            if *k == 0 {
+                ready.push(std::cmp::Reverse((first[&r], index[&r])));
+            }
+        }
+    }
+    order
+}
+
 fn compile_graph(
     m: &Module,
     g: GraphId,
     fv: &FreeVars,
     ex: &mut Executable,
+    plan: Option<&crate::fuse::Plan>,
 ) -> Result<Code, ExecError> {
     let graph = m.graph(g);
     let mut b = CodeBuilder {
@@ -177,8 +268,51 @@ fn compile_graph(
         loc: graph.loc,
     })?;
     let body = graph_body_with(m, g, fv);
+    let order = schedule(m, g, &body, fv, plan);
+    if order.len() < body.len() && plan.is_some_and(|p| p.groups.is_empty()) {
+        unreachable!("scheduling lost nodes");
+    }
     let mut tail = false;
-    for &n in &body {
+    for unit in order {
+        let n = match unit {
+            Unit::Node(n) => n,
+            Unit::Group(gi) => {
+                let group = &plan.expect("groups come from a plan").groups[gi];
+                let loc = ex.locs.len() as LocIndex;
+                ex.locs.push(m.node(*group.outputs.last().expect("an output")).loc);
+                let mut args = Vec::with_capacity(group.inputs.len());
+                for &i in &group.inputs {
+                    args.push(b.operand(i, ex)?);
+                }
+                let dst = b.n_slots;
+                b.n_slots += 1;
+                b.instrs.push(Instr::Native {
+                    dst,
+                    kernel: group.kernel.clone(),
+                    args,
+                    loc,
+                });
+                if group.outputs.len() == 1 {
+                    b.slot_of.insert(group.outputs[0], dst);
+                } else {
+                    let get = kernels::lookup("tuple_get").expect("tuple_get kernel");
+                    for (k, &o) in group.outputs.iter().enumerate() {
+                        let idx = b.constant(Value::Tensor(Tensor::weak_i64(k as i64)));
+                        let d = b.n_slots;
+                        b.n_slots += 1;
+                        b.instrs.push(Instr::Prim {
+                            dst: d,
+                            name: "tuple_get",
+                            kernel: get,
+                            args: vec![Operand::Slot(dst), idx],
+                            loc,
+                        });
+                        b.slot_of.insert(o, d);
+                    }
+                }
+                continue;
+            }
+        };
         let node = m.node(n);
         let inputs = m.inputs(n);
         let loc = ex.locs.len() as LocIndex;

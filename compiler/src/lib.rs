@@ -1,6 +1,7 @@
 pub mod ad;
 pub mod checks;
 pub mod exec;
+pub mod fuse;
 pub mod infer;
 pub mod ir;
 pub mod lower;

@@ -149,6 +149,16 @@ impl Program {
         (m, stats)
     }
 
+    /// The abstract arguments of an entry function: the IO token for one
+    /// that does IO, else none.
+    fn entry_args(&self, g: GraphId) -> Vec<crate::infer::AbsVal> {
+        if self.lowered.effectful.contains(&g) {
+            vec![crate::infer::AbsVal::Io]
+        } else {
+            Vec::new()
+        }
+    }
+
     /// Type-checks entry function `name` (which takes no arguments) and
     /// compiles it for the VM, through the optimiser in graph mode.
     pub fn prepare(&self, name: &str, mode: Mode) -> Result<Executable, Vec<Diagnostic>> {
@@ -175,7 +185,25 @@ impl Program {
                         )]);
                     }
                 }
-                exec::compile(&m, &[main])
+                // Fusion needs the optimised module's types; when inference
+                // cannot give them, everything runs on the reference kernels.
+                let plan = crate::infer::infer_module_with(
+                    &m,
+                    main,
+                    &self.entry_args(main),
+                    &crate::infer::InferOptions {
+                        only_taken_branches: true,
+                        ..Default::default()
+                    },
+                )
+                .ok()
+                .map(|types| crate::fuse::plan(&m, &[main], &types));
+                if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
+                    for line in plan.iter().flat_map(|p| p.describe()) {
+                        eprintln!("fused: {line}");
+                    }
+                }
+                exec::compile_with(&m, &[main], plan.as_ref())
             }
         };
         compiled.map_err(|e| vec![located(e.message, e.loc, self.root)])
