@@ -1,5 +1,6 @@
 pub mod ad;
 pub mod checks;
+pub mod codegen;
 pub mod exec;
 pub mod fuse;
 pub mod infer;

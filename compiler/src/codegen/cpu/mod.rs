@@ -1,0 +1,622 @@
+//! The CPU back end: a [`KernelSpec`] compiled with Cranelift into native
+//! code, run over slices, split across threads with rayon.
+//!
+//! ```
+//! use adjoint_compiler::codegen::cpu::compile_cached;
+//! use adjoint_compiler::codegen::kernel::*;
+//!
+//! // y = exp(x) * 2
+//! let mut body = BodyBuilder::new();
+//! let x = body.input(0);
+//! let e = body.unary(UnaryOp::Exp, x);
+//! let two = body.constant(2.0);
+//! let y = body.binary(BinaryOp::Mul, e, two);
+//! let spec = KernelSpec {
+//!     dtype: KDType::F32,
+//!     shape: vec![3],
+//!     inputs: vec![InputSpec::contiguous(&[3])],
+//!     body: body.body,
+//!     outputs: vec![y],
+//!     reduce: None,
+//! };
+//! let kernel = compile_cached(&spec).unwrap();
+//! let mut out = vec![0.0f32; 3];
+//! kernel.run(&[&[0.0f32, 1.0, 2.0][..]], &mut [&mut out[..]]).unwrap();
+//! assert_eq!(out[0], 2.0);
+//! ```
+//!
+//! The compiled function has the C signature
+//! `fn(inputs: *const *const u8, outputs: *const *mut u8, begin: usize, end: usize)`
+//! ([`KernelFn`]) and runs one range of the outermost parallel loop; see
+//! [`CompiledKernel::raw`].
+//!
+//! # Determinism
+//!
+//! Results do not depend on the number of threads: threads split only
+//! loops whose iterations write distinct output elements, the vector loop
+//! and its scalar tail compute bit-identical values, and each output of a
+//! reduction is accumulated in an order fixed by the spec alone.
+//!
+//! # Reductions
+//!
+//! Reductions accumulate in the kernel's dtype. When the reduced axes are
+//! innermost, each output keeps `unroll` vector accumulators of
+//! interleaved partial results (plus one scalar for the tail) that are
+//! combined in a fixed order at the end; otherwise each output element
+//! accumulates in index order. `max` and `min` propagate NaN; which of two
+//! equal values (such as -0.0 and 0.0) they return is unspecified. A
+//! reduction to a single element is cut into blocks of [`SPLIT_BLOCK`]
+//! elements (fixed by the spec, not the thread count) whose results are
+//! combined in order; a reduction to a few elements (fewer than the
+//! threads) uses at most that many threads.
+
+mod emit;
+mod libcalls;
+mod math;
+mod plan;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_jit::{JITBuilder, JITModule};
+use rayon::prelude::*;
+
+use super::kernel::{BinaryOp, KDType, KernelSpec, ReduceOp, SpecError, UnaryOp};
+use plan::{Mode, Plan};
+
+/// The native entry point of a compiled kernel: `inputs` and `outputs`
+/// point to arrays of buffer pointers (in the spec's order); the function
+/// runs the parallel loop over `[begin, end)`.
+pub type KernelFn = unsafe extern "C" fn(
+    inputs: *const *const u8,
+    outputs: *const *mut u8,
+    begin: usize,
+    end: usize,
+);
+
+/// Element counts at or above this run on several threads.
+pub const PARALLEL_THRESHOLD: usize = 1 << 15;
+
+/// The block size, in elements, of a reduction to a single element: blocks
+/// are reduced separately (in parallel when large) and their results
+/// combined in order.
+pub const SPLIT_BLOCK: usize = 1 << 16;
+
+/// Why compiling or running a kernel failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CodegenError {
+    /// The spec is malformed.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The host is unsupported or Cranelift rejected the function.
+    #[error("code generation failed: {0}")]
+    Backend(String),
+    /// The element type of the buffers is not the kernel's.
+    #[error("kernel of {expected} called with {got} buffers")]
+    DType {
+        /// The kernel's dtype.
+        expected: &'static str,
+        /// The buffers' dtype.
+        got: &'static str,
+    },
+    /// Wrong number or length of buffers.
+    #[error("{0}")]
+    Buffers(String),
+}
+
+/// Options for [`compile_with`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// Vectors per step of the innermost loop (`None`: chosen from the
+    /// body's cost, 1 to 4).
+    pub unroll: Option<usize>,
+    /// Whether `a * b + c` steps of the polynomials are fused
+    /// multiply-adds (`None`: when the host has FMA; `Some(true)` on a
+    /// host without it is ignored). Results differ in the last bit between
+    /// the two, but not between runs or thread counts.
+    pub fma: Option<bool>,
+    /// Keep the machine code as text ([`CompiledKernel::disassembly`]).
+    pub disasm: bool,
+}
+
+/// How [`CompiledKernel::run_with`] uses threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Parallelism {
+    /// One call on the current thread.
+    Serial,
+    /// Several chunks on rayon's current pool when the kernel has at least
+    /// [`PARALLEL_THRESHOLD`] elements and the pool has several threads.
+    Auto,
+    /// Exactly this many chunks (at most the parallel loop's extent), run
+    /// on rayon's current pool.
+    Chunks(usize),
+}
+
+/// A float type that kernels run on.
+pub trait KernelElem: Copy + Send + Sync + 'static + private::Sealed {
+    /// The matching kernel dtype.
+    const DTYPE: KDType;
+    /// `x` converted from f64.
+    fn from_f64(x: f64) -> Self;
+    /// `a op b` for combining partial reductions, with the compiled code's
+    /// semantics (`max`/`min` propagate NaN).
+    fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
+}
+
+macro_rules! combine {
+    () => {
+        fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+            match op {
+                ReduceOp::Sum => a + b,
+                ReduceOp::Prod => a * b,
+                _ if a.is_nan() || b.is_nan() => Self::NAN,
+                ReduceOp::Max => a.max(b),
+                ReduceOp::Min => a.min(b),
+            }
+        }
+    };
+}
+
+impl KernelElem for f32 {
+    const DTYPE: KDType = KDType::F32;
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
+    combine!();
+}
+
+impl KernelElem for f64 {
+    const DTYPE: KDType = KDType::F64;
+    fn from_f64(x: f64) -> Self {
+        x
+    }
+    combine!();
+}
+
+mod private {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+/// Owns the JIT memory of one kernel.
+struct Code(Option<JITModule>);
+
+// SAFETY: the module is never used after the function is finalized, except
+// to free its memory on drop, which needs exclusive access.
+unsafe impl Send for Code {}
+unsafe impl Sync for Code {}
+
+impl Drop for Code {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            // SAFETY: the function pointer lives in the `CompiledKernel` that
+            // owns this `Code`, so nothing can call it any more.
+            unsafe { m.free_memory() };
+        }
+    }
+}
+
+/// A kernel compiled to native code.
+pub struct CompiledKernel {
+    spec: KernelSpec,
+    plan: Option<Plan>,
+    func: Option<KernelFn>,
+    compile_time: Duration,
+    code_size: usize,
+    unroll: usize,
+    fma: bool,
+    disasm: Option<String>,
+    _code: Code,
+}
+
+impl std::fmt::Debug for CompiledKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledKernel")
+            .field("spec", &self.spec)
+            .field("compile_time", &self.compile_time)
+            .field("code_size", &self.code_size)
+            .finish()
+    }
+}
+
+fn isa() -> Result<OwnedTargetIsa, CodegenError> {
+    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    ISA.get_or_init(|| {
+        let mut flags = settings::builder();
+        let set = |f: &mut settings::Builder, k: &str, v: &str| {
+            f.set(k, v).map_err(|e| format!("setting {k}: {e}"))
+        };
+        set(&mut flags, "opt_level", "speed")?;
+        set(&mut flags, "use_colocated_libcalls", "false")?;
+        set(&mut flags, "is_pic", "false")?;
+        let builder = cranelift_native::builder().map_err(|e| e.to_string())?;
+        builder
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(CodegenError::Backend)
+}
+
+/// Compiles `spec` with default options (no cache).
+pub fn compile(spec: &KernelSpec) -> Result<CompiledKernel, CodegenError> {
+    compile_with(spec, &CompileOptions::default())
+}
+
+/// Compiles `spec` (no cache).
+pub fn compile_with(
+    spec: &KernelSpec,
+    options: &CompileOptions,
+) -> Result<CompiledKernel, CodegenError> {
+    spec.validate()?;
+    let t0 = Instant::now();
+    let spec = spec.canonical();
+    let unroll = options
+        .unroll
+        .unwrap_or_else(|| emit::default_unroll(&spec))
+        .clamp(1, 8);
+    if spec.num_elements() == 0 {
+        return Ok(CompiledKernel {
+            spec,
+            plan: None,
+            func: None,
+            compile_time: t0.elapsed(),
+            code_size: 0,
+            unroll,
+            fma: false,
+            disasm: None,
+            _code: Code(None),
+        });
+    }
+    let plan = Plan::new(&spec);
+    let isa = isa()?;
+    let fma = options.fma.unwrap_or(true) && isa.has_native_fma();
+    let mut builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
+    for lc in UnaryOp::ALL
+        .iter()
+        .filter_map(|&op| libcalls::unary_libcall(op, spec.dtype))
+        .chain(
+            BinaryOp::ALL
+                .iter()
+                .filter_map(|&op| libcalls::binary_libcall(op, spec.dtype)),
+        )
+    {
+        builder.symbol(lc.symbol, lc.ptr);
+    }
+    let mut module = JITModule::new(builder);
+    let (id, code_size, disasm) =
+        emit::define(&mut module, &spec, &plan, unroll, fma, options.disasm)
+            .map_err(CodegenError::Backend)?;
+    module
+        .finalize_definitions()
+        .map_err(|e| CodegenError::Backend(e.to_string()))?;
+    let ptr = module.get_finalized_function(id);
+    // SAFETY: the function was defined with the `KernelFn` signature.
+    let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) };
+    Ok(CompiledKernel {
+        spec,
+        plan: Some(plan),
+        func: Some(func),
+        compile_time: t0.elapsed(),
+        code_size,
+        unroll,
+        fma,
+        disasm,
+        _code: Code(Some(module)),
+    })
+}
+
+type Cache = Mutex<HashMap<(KernelSpec, CompileOptions), Arc<CompiledKernel>>>;
+
+fn cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Compiles `spec` once per process: later calls with an equivalent spec
+/// (the same [`KernelSpec::canonical`] form) return the same kernel.
+pub fn compile_cached(spec: &KernelSpec) -> Result<Arc<CompiledKernel>, CodegenError> {
+    compile_cached_with(spec, &CompileOptions::default())
+}
+
+/// [`compile_cached`] with options (part of the cache key).
+pub fn compile_cached_with(
+    spec: &KernelSpec,
+    options: &CompileOptions,
+) -> Result<Arc<CompiledKernel>, CodegenError> {
+    spec.validate()?;
+    let key = (spec.canonical(), options.clone());
+    if let Some(k) = cache().lock().unwrap().get(&key) {
+        return Ok(k.clone());
+    }
+    let k = Arc::new(compile_with(&key.0, options)?);
+    Ok(cache().lock().unwrap().entry(key).or_insert(k).clone())
+}
+
+/// The number of kernels in the process-wide cache.
+pub fn cache_len() -> usize {
+    cache().lock().unwrap().len()
+}
+
+/// Raw buffer pointers that may cross threads: the chunks write disjoint
+/// output elements.
+struct Ptrs {
+    inputs: Vec<*const u8>,
+    outputs: Vec<*mut u8>,
+}
+unsafe impl Send for Ptrs {}
+unsafe impl Sync for Ptrs {}
+
+impl Ptrs {
+    /// The same inputs with one output.
+    fn with_output(&self, out: *mut u8) -> Ptrs {
+        Ptrs {
+            inputs: self.inputs.clone(),
+            outputs: vec![out],
+        }
+    }
+
+    /// # Safety
+    ///
+    /// As for [`CompiledKernel::raw`].
+    unsafe fn call(&self, func: KernelFn, begin: usize, end: usize) {
+        unsafe { func(self.inputs.as_ptr(), self.outputs.as_ptr(), begin, end) }
+    }
+}
+
+impl CompiledKernel {
+    /// The canonical spec this kernel computes.
+    pub fn spec(&self) -> &KernelSpec {
+        &self.spec
+    }
+
+    /// How long compiling took (canonicalising, planning, Cranelift, and
+    /// linking).
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    /// The size of the machine code in bytes.
+    pub fn code_size(&self) -> usize {
+        self.code_size
+    }
+
+    /// The number of vectors per step of the innermost loop.
+    pub fn unroll(&self) -> usize {
+        self.unroll
+    }
+
+    /// Whether the polynomials use fused multiply-adds.
+    pub fn uses_fma(&self) -> bool {
+        self.fma
+    }
+
+    /// The machine code as text, when compiled with
+    /// [`CompileOptions::disasm`].
+    pub fn disassembly(&self) -> Option<&str> {
+        self.disasm.as_deref()
+    }
+
+    /// Whether the innermost loop is vectorised.
+    pub fn is_vectorized(&self) -> bool {
+        self.plan.as_ref().is_some_and(|p| p.vector)
+    }
+
+    /// Whether the kernel is a single flat loop (every input contiguous or
+    /// a broadcast scalar, no reduction).
+    pub fn is_flat(&self) -> bool {
+        self.plan
+            .as_ref()
+            .is_some_and(|p| p.dims.len() == 1 && p.mode == Mode::Map)
+    }
+
+    /// The extent of the parallel loop: the `[begin, end)` range a raw call
+    /// may cover is within `0..outer_extent()` (0 for an empty kernel).
+    pub fn outer_extent(&self) -> usize {
+        self.plan.as_ref().map_or(0, |p| p.par_extent())
+    }
+
+    /// The native function, `None` for an empty iteration space.
+    ///
+    /// # Safety of calling it
+    ///
+    /// `inputs` must point to one pointer per spec input, each to a buffer
+    /// of at least [`KernelSpec::input_len`] elements of the dtype;
+    /// `outputs` to one pointer per output, each to
+    /// [`KernelSpec::output_len`] elements, not overlapping the inputs;
+    /// `begin <= end <= outer_extent()`. Calls with disjoint ranges may run
+    /// concurrently.
+    ///
+    /// A reduction to a single element is the exception: its range is over
+    /// the outermost reduced loop, and each call stores the reduction of
+    /// its range alone to `outputs[0][0]`; [`CompiledKernel::run`] reduces
+    /// blocks of [`SPLIT_BLOCK`] elements this way and combines them.
+    pub fn raw(&self) -> Option<KernelFn> {
+        self.func
+    }
+
+    /// Runs the kernel, on several threads for large kernels
+    /// ([`Parallelism::Auto`]).
+    pub fn run<T: KernelElem>(
+        &self,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+    ) -> Result<(), CodegenError> {
+        self.run_with(inputs, outputs, Parallelism::Auto)
+    }
+
+    /// Runs the kernel on the current thread.
+    pub fn run_serial<T: KernelElem>(
+        &self,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+    ) -> Result<(), CodegenError> {
+        self.run_with(inputs, outputs, Parallelism::Serial)
+    }
+
+    /// Runs the kernel after checking the dtype, the number of buffers, that
+    /// every input is long enough and every output has exactly
+    /// [`KernelSpec::output_len`] elements.
+    pub fn run_with<T: KernelElem>(
+        &self,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+        parallelism: Parallelism,
+    ) -> Result<(), CodegenError> {
+        let spec = &self.spec;
+        if T::DTYPE != spec.dtype {
+            return Err(CodegenError::DType {
+                expected: spec.dtype.name(),
+                got: T::DTYPE.name(),
+            });
+        }
+        if inputs.len() != spec.inputs.len() || outputs.len() != spec.outputs.len() {
+            return Err(CodegenError::Buffers(format!(
+                "kernel takes {} inputs and {} outputs, got {} and {}",
+                spec.inputs.len(),
+                spec.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        for (i, x) in inputs.iter().enumerate() {
+            let need = spec.input_len(i);
+            if x.len() < need {
+                return Err(CodegenError::Buffers(format!(
+                    "input {i} has {} elements, the kernel reads {need}",
+                    x.len()
+                )));
+            }
+        }
+        let n_out = spec.output_len();
+        for (i, y) in outputs.iter().enumerate() {
+            if y.len() != n_out {
+                return Err(CodegenError::Buffers(format!(
+                    "output {i} has {} elements, expected {n_out}",
+                    y.len()
+                )));
+            }
+        }
+        let (Some(plan), Some(func)) = (&self.plan, self.func) else {
+            // An empty iteration space: reductions give their identity.
+            if let Some(r) = &spec.reduce {
+                for y in outputs.iter_mut() {
+                    y.fill(T::from_f64(r.op.identity()));
+                }
+            }
+            return Ok(());
+        };
+        if plan.is_split() {
+            return self.run_split(plan, func, inputs, outputs, parallelism);
+        }
+        let ptrs = Ptrs {
+            inputs: inputs.iter().map(|x| x.as_ptr() as *const u8).collect(),
+            outputs: outputs
+                .iter_mut()
+                .map(|y| y.as_mut_ptr() as *mut u8)
+                .collect(),
+        };
+        let extent = plan.par_extent();
+        let chunks = match parallelism {
+            Parallelism::Serial => 1,
+            Parallelism::Chunks(n) => n.clamp(1, extent),
+            Parallelism::Auto => {
+                let threads = rayon::current_num_threads();
+                let n = spec.num_elements();
+                if n < PARALLEL_THRESHOLD || threads < 2 {
+                    1
+                } else {
+                    // A few chunks per thread for balance, each of at least
+                    // half the threshold.
+                    (threads * 4)
+                        .min(n / (PARALLEL_THRESHOLD / 2))
+                        .clamp(1, extent)
+                }
+            }
+        };
+        let call = |begin: usize, end: usize| {
+            // SAFETY: the buffers were checked above against the spec, the
+            // outputs are distinct `&mut` slices, and chunks are disjoint
+            // ranges of the parallel loop, whose iterations write disjoint
+            // output elements.
+            unsafe { ptrs.call(func, begin, end) }
+        };
+        if chunks <= 1 {
+            call(0, extent);
+            return Ok(());
+        }
+        // Chunk boundaries on multiples of 16 when the parallel loop is the
+        // vectorised one, so that vector loops cover almost everything.
+        let align = if plan.par_dim == plan.dims.len() - 1 && plan.vector {
+            16
+        } else {
+            1
+        };
+        let per = extent.div_ceil(chunks).next_multiple_of(align);
+        let ranges: Vec<(usize, usize)> = (0..extent)
+            .step_by(per)
+            .map(|b| (b, (b + per).min(extent)))
+            .collect();
+        ranges.par_iter().for_each(|&(b, e)| call(b, e));
+        Ok(())
+    }
+
+    /// A reduction to one element: the reduced range is cut into blocks of
+    /// about [`SPLIT_BLOCK`] elements (a function of the spec alone), each
+    /// block is reduced on its own, possibly in parallel, and the partial
+    /// results are combined in block order.
+    fn run_split<T: KernelElem>(
+        &self,
+        plan: &Plan,
+        func: KernelFn,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+        parallelism: Parallelism,
+    ) -> Result<(), CodegenError> {
+        let Mode::InnerReduce(op) = plan.mode else {
+            unreachable!("split plans are inner reductions")
+        };
+        let extent = plan.par_extent();
+        let per = SPLIT_BLOCK.div_ceil(plan.inner_elements()).max(1);
+        let blocks = extent.div_ceil(per);
+        let base = Ptrs {
+            inputs: inputs.iter().map(|x| x.as_ptr() as *const u8).collect(),
+            outputs: vec![],
+        };
+        let mut partials = vec![T::from_f64(op.identity()); blocks];
+        let parallel = match parallelism {
+            Parallelism::Serial => false,
+            Parallelism::Chunks(n) => n > 1,
+            Parallelism::Auto => {
+                self.spec.num_elements() >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1
+            }
+        };
+        let block = |j: usize, out: &mut T| {
+            let ptrs = base.with_output(out as *mut T as *mut u8);
+            let (b, e) = (j * per, ((j + 1) * per).min(extent));
+            // SAFETY: the inputs were checked against the spec; each block
+            // writes only its own partial.
+            unsafe { ptrs.call(func, b, e) }
+        };
+        if parallel {
+            partials
+                .par_iter_mut()
+                .enumerate()
+                .for_each(|(j, out)| block(j, out));
+        } else {
+            for (j, out) in partials.iter_mut().enumerate() {
+                block(j, out);
+            }
+        }
+        let total = partials
+            .into_iter()
+            .reduce(|a, b| T::combine(op, a, b))
+            .unwrap_or(T::from_f64(op.identity()));
+        outputs[0][0] = total;
+        Ok(())
+    }
+}
