@@ -193,10 +193,7 @@ fn run_case(root: &Path, case: &Case, mode: Mode, reps: usize) -> Result<RunTime
         }
     }
     if iters.len() != reps {
-        return Err(format!(
-            "expected {reps} tick lines, got {}",
-            iters.len()
-        ));
+        return Err(format!("expected {reps} tick lines, got {}", iters.len()));
     }
     Ok(RunTimes {
         load,
@@ -322,10 +319,15 @@ fn main() {
     }
     let chosen: Vec<&Case> = all
         .iter()
-        .filter(|c| opts.selected.is_empty() || opts.selected.iter().any(|s| c.name.starts_with(s.as_str())))
+        .filter(|c| {
+            opts.selected.is_empty() || opts.selected.iter().any(|s| c.name.starts_with(s.as_str()))
+        })
         .collect();
     if chosen.is_empty() {
-        eprintln!("adjoint_bench: no case matches {:?} (see --list)", opts.selected);
+        eprintln!(
+            "adjoint_bench: no case matches {:?} (see --list)",
+            opts.selected
+        );
         std::process::exit(2);
     }
     let mode_name = match opts.mode {
@@ -352,18 +354,29 @@ fn main() {
                         format!("\"reps\": {}", m.reps),
                         format!(
                             "\"times_s\": [{}]",
-                            m.times.iter().map(|t| json_num(*t)).collect::<Vec<_>>().join(", ")
+                            m.times
+                                .iter()
+                                .map(|t| json_num(*t))
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                         format!(
                             "\"results\": [{}]",
-                            m.results.iter().map(|r| json_str(r)).collect::<Vec<_>>().join(", ")
+                            m.results
+                                .iter()
+                                .map(|r| json_str(r))
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     ];
                     if let Some(c) = &m.compile {
                         fields.push(format!("\"compile_s\": {}", json_num(c.total)));
                         fields.push(format!("\"compile_load_s\": {}", json_num(c.load)));
                         fields.push(format!("\"compile_prepare_s\": {}", json_num(c.prepare)));
-                        fields.push(format!("\"compile_first_step_extra_s\": {}", json_num(c.first_extra)));
+                        fields.push(format!(
+                            "\"compile_first_step_extra_s\": {}",
+                            json_num(c.first_extra)
+                        ));
                     }
                     println!("{{{}}}", fields.join(", "));
                 } else {
@@ -428,7 +441,11 @@ fn measure(root: &Path, case: &Case, opts: &Options) -> Result<Measured, String>
     let times = secs(&run.iters);
     // The first evaluation of a run may do one-off work: leave it out of
     // the steady state when there are enough of the others.
-    let steady = if times.len() > 3 { &times[1..] } else { &times[..] };
+    let steady = if times.len() > 3 {
+        &times[1..]
+    } else {
+        &times[..]
+    };
     let med = median(steady);
     let min = steady.iter().cloned().fold(f64::INFINITY, f64::min);
     let compile = if case.compile {

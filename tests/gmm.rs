@@ -53,7 +53,10 @@ fn numbers(out: &str, label: &str) -> Vec<f64> {
         .unwrap_or_else(|| panic!("no line `{label}` in:\n{out}"));
     line[label.len()..]
         .split_whitespace()
-        .map(|w| w.parse().unwrap_or_else(|_| panic!("not a number: {w} in {line}")))
+        .map(|w| {
+            w.parse()
+                .unwrap_or_else(|_| panic!("not a number: {w} in {line}"))
+        })
         .collect()
 }
 
@@ -70,7 +73,10 @@ fn objective_and_gradient_sum(set: &str) -> (f64, f64) {
     let out = run_with(&driver, "__test_entry");
     let v = numbers(&out, "objective:")[0];
     let alone = numbers(&out, "objective alone:")[0];
-    assert_eq!(v, alone, "value_and_grad's value differs from the objective");
+    assert_eq!(
+        v, alone,
+        "value_and_grad's value differs from the objective"
+    );
     (v, numbers(&out, "gradient sum:")[0])
 }
 
@@ -88,7 +94,10 @@ fn objective_and_gradient_sum_on_d2_k5() {
     let want = -5240.590562549577;
     let want_gs = -1001.2283331778158;
     assert!(rel(v, want) < 1e-9, "objective {v}, reference {want}");
-    assert!(rel(gs, want_gs) < 1e-9, "gradient sum {gs}, reference {want_gs}");
+    assert!(
+        rel(gs, want_gs) < 1e-9,
+        "gradient sum {gs}, reference {want_gs}"
+    );
 }
 
 /// The larger benchmark inputs (D > 2, so that L has more than one column):
@@ -101,7 +110,10 @@ fn objective_and_gradient_sum_on_d10_k25() {
     let want = -25649.6526211973;
     let want_gs = -17695.995235195707;
     assert!(rel(v, want) < 1e-9, "objective {v}, reference {want}");
-    assert!(rel(gs, want_gs) < 1e-9, "gradient sum {gs}, reference {want_gs}");
+    assert!(
+        rel(gs, want_gs) < 1e-9,
+        "gradient sum {gs}, reference {want_gs}"
+    );
 }
 
 /// The main of examples/gmm.adj prints the d2_K5 values.
@@ -118,8 +130,14 @@ fn example_main() {
         .run_main(&mut out)
         .unwrap_or_else(|e| panic!("{}", e.render(false)));
     let out = String::from_utf8(out).unwrap();
-    assert!(rel(numbers(&out, "objective:")[0], -5240.590562549577) < 1e-9, "{out}");
-    assert!(rel(numbers(&out, "gradient sum:")[0], -1001.2283331778158) < 1e-9, "{out}");
+    assert!(
+        rel(numbers(&out, "objective:")[0], -5240.590562549577) < 1e-9,
+        "{out}"
+    );
+    assert!(
+        rel(numbers(&out, "gradient sum:")[0], -1001.2283331778158) < 1e-9,
+        "{out}"
+    );
 }
 
 /// Reverse-mode gradient entries against central differences of the

@@ -279,7 +279,8 @@ fn compile_graph(
             Unit::Group(gi) => {
                 let group = &plan.expect("groups come from a plan").groups[gi];
                 let loc = ex.locs.len() as LocIndex;
-                ex.locs.push(m.node(*group.outputs.last().expect("an output")).loc);
+                ex.locs
+                    .push(m.node(*group.outputs.last().expect("an output")).loc);
                 let mut args = Vec::with_capacity(group.inputs.len());
                 for &i in &group.inputs {
                     args.push(b.operand(i, ex)?);

@@ -152,7 +152,10 @@ impl FusedKernel {
     {
         let ins: Vec<&[T]> = inputs
             .iter()
-            .map(|t| t.slice::<T>().ok_or_else(|| RtError::internal("fused kernel: bad buffer")))
+            .map(|t| {
+                t.slice::<T>()
+                    .ok_or_else(|| RtError::internal("fused kernel: bad buffer"))
+            })
             .collect::<Result<_, _>>()?;
         let mut bufs: Vec<Vec<T>> = (0..self.n_outputs).map(|_| vec![T::default(); n]).collect();
         {
@@ -254,7 +257,9 @@ pub fn plan(m: &Module, roots: &[GraphId], types: &Types) -> Plan {
                 .iter()
                 .filter_map(|i| group_of.get(i).map(|g| (*i, find(&parent, *g))))
                 .collect();
-            let joined = joinable(m, types, n, ins, &gview, &depends, &parent, &forming, &users, &escapes);
+            let joined = joinable(
+                m, types, n, ins, &gview, &depends, &parent, &forming, &users, &escapes,
+            );
             if let Some(gi) = joined {
                 // Operands in other groups of the same kind merge in, when
                 // that makes no cycle.
@@ -275,9 +280,9 @@ pub fn plan(m: &Module, roots: &[GraphId], types: &Types) -> Plan {
                             forming[a].members.iter().any(|mbr| {
                                 m.inputs(*mbr)[1..].iter().any(|x| {
                                     group_of.get(x).map(|g| find(&parent, *g)) != Some(a)
-                                        && depends
-                                            .get(x)
-                                            .is_some_and(|d| d.iter().any(|g| find(&parent, *g) == b))
+                                        && depends.get(x).is_some_and(|d| {
+                                            d.iter().any(|g| find(&parent, *g) == b)
+                                        })
                                 })
                             })
                         };
@@ -416,7 +421,8 @@ fn joinable(
             let only = f.members.iter().all(|mbr| {
                 !escapes.contains(mbr)
                     && users.get(mbr).is_none_or(|us| {
-                        us.iter().all(|u| *u == n || group_of_any(*u, forming, parent) == Some(gi))
+                        us.iter()
+                            .all(|u| *u == n || group_of_any(*u, forming, parent) == Some(gi))
                     })
             });
             if !only {
@@ -542,14 +548,7 @@ fn build(
                 Some(Const::Bool(b)) => *b,
                 _ => return None,
             };
-            reduce = Some((
-                n,
-                ReduceSpec {
-                    op,
-                    axes,
-                    keepdims,
-                },
-            ));
+            reduce = Some((n, ReduceSpec { op, axes, keepdims }));
             continue;
         }
         let e = match op_of(p)? {
