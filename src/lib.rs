@@ -242,6 +242,28 @@ impl Session {
         ))
     }
 
+    /// The kernels graph mode compiles for entry function `name` (which
+    /// takes no arguments), one line each.
+    pub fn emit_kernels(&self, name: &str) -> Result<String, SessionError> {
+        let p = self.program();
+        let roots = self.roots(Some(name))?;
+        if let Err(d) = with_stack(|| p.check()) {
+            return Err(self.error(d));
+        }
+        let lines = with_stack(|| {
+            let (m, _) = p.optimized(&roots);
+            p.fusion_plan(&m, roots[0])
+                .map(|plan| plan.describe())
+                .unwrap_or_default()
+        });
+        let mut out = format!("// {} fused kernels\n", lines.len());
+        for l in lines {
+            out.push_str(&l);
+            out.push('\n');
+        }
+        Ok(out)
+    }
+
     fn roots(
         &self,
         function: Option<&str>,

@@ -37,6 +37,8 @@ enum Stage {
     Opt,
     /// The optimised IR of `grad(F)` for the function given with `--fn`.
     GradOpt,
+    /// The kernels fusion compiles for `--fn F` (default `main`).
+    Kernels,
 }
 
 #[derive(Subcommand)]
@@ -194,6 +196,9 @@ fn emit(file: &std::path::Path, stage: Stage, function: Option<&str>) -> Result<
                 s.emit_opt(Some(driver::DRIVER))?
             }
         }
+        Stage::Kernels => Session::new(Mode::Graph)
+            .load_file(file)?
+            .emit_kernels(function.unwrap_or("main"))?,
         Stage::Opt => Session::new(Mode::Graph)
             .load_file(file)?
             .emit_opt(function)?,

@@ -324,6 +324,22 @@ fn graph_mode_runs_and_emits_optimised_ir() {
     assert!(r.stdout.contains("cos("), "{}", r.stdout);
     let r = adjoint(&d, &["emit", "f.adj", "--stage", "grad-opt"]);
     assert_fails(&r, "", &["`--stage grad-opt` needs `--fn NAME`"]);
+    // A chain of element-wise operations and its sum: one kernel each
+    // (the sum is of a value also printed, so it cannot close the chain).
+    d.write(
+        "k.adj",
+        "fn main() {\n    let x = rand((100, 100), seed = 1);\n    let y = tanh(2.0 * x + 1.0) * sigmoid(x) - x / 3.0;\n    print(y[0, 0] < 1.0, sum(y) > 0.0);\n}\n",
+    );
+    let r = adjoint(&d, &["emit", "k.adj", "--stage", "kernels"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.starts_with("// 2 fused kernels"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("fused[mul,add,tanh,sigmoid,mul,div,sub] over [100, 100] f32"),
+        "{}",
+        r.stdout
+    );
+    assert_succeeds(&adjoint(&d, &["run", "k.adj"]), "true true\n");
 }
 
 #[test]

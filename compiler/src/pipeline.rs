@@ -149,6 +149,19 @@ impl Program {
         (m, stats)
     }
 
+    /// Fusion of the optimised module `m` reached from `entry`: needs its
+    /// types; when inference cannot give them, there is no plan and
+    /// everything runs on the reference kernels.
+    pub fn fusion_plan(&self, m: &crate::ir::Module, entry: GraphId) -> Option<crate::fuse::Plan> {
+        let opts = crate::infer::InferOptions {
+            only_taken_branches: true,
+            ..Default::default()
+        };
+        let types =
+            crate::infer::infer_module_with(m, entry, &self.entry_args(entry), &opts).ok()?;
+        Some(crate::fuse::plan(m, &[entry], &types))
+    }
+
     /// The abstract arguments of an entry function: the IO token for one
     /// that does IO, else none.
     fn entry_args(&self, g: GraphId) -> Vec<crate::infer::AbsVal> {
@@ -185,19 +198,7 @@ impl Program {
                         )]);
                     }
                 }
-                // Fusion needs the optimised module's types; when inference
-                // cannot give them, everything runs on the reference kernels.
-                let plan = crate::infer::infer_module_with(
-                    &m,
-                    main,
-                    &self.entry_args(main),
-                    &crate::infer::InferOptions {
-                        only_taken_branches: true,
-                        ..Default::default()
-                    },
-                )
-                .ok()
-                .map(|types| crate::fuse::plan(&m, &[main], &types));
+                let plan = self.fusion_plan(&m, main);
                 if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
                     for line in plan.iter().flat_map(|p| p.describe()) {
                         eprintln!("fused: {line}");

@@ -41,6 +41,7 @@ pub const MIN_ELEMENTS: usize = 4096;
 /// One compiled group.
 pub struct Group {
     pub graph: GraphId,
+    pub graph_name: String,
     /// The nodes the kernel computes, in body order.
     pub members: Vec<NodeId>,
     /// Values read by the kernel, in the kernel's input order.
@@ -63,12 +64,13 @@ impl Plan {
     pub fn describe(&self) -> Vec<String> {
         self.groups
             .iter()
-            .map(|g| {
+            .enumerate()
+            .map(|(i, g)| {
                 let spec = g.kernel.kernel.spec();
                 format!(
-                    "{} ops {:?} over {:?} {}{}: {} inputs, {} outputs",
-                    g.members.len(),
-                    g.members,
+                    "kernel {i} in @{}: {} over {:?} {}{}: {} inputs, {} outputs",
+                    g.graph_name,
+                    g.kernel.name,
                     spec.shape,
                     spec.dtype.name(),
                     spec.reduce
@@ -633,6 +635,7 @@ fn build(
         .collect();
     Some(Group {
         graph: f.graph,
+        graph_name: m.graph(f.graph).name.clone(),
         members: f.members,
         inputs,
         outputs: outputs.clone(),
