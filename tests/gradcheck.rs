@@ -173,6 +173,37 @@ fn cases() -> Vec<Case> {
         );
     }
 
+    // polygamma(n, x): orders 0..3 (order n + 1 is the derivative of order
+    // n), the order an int computed at run time.
+    for n in 0..=3u32 {
+        v.push(
+            case("polygamma", format!("order {n}, f64[3, 4]"))
+                .x("x", pos("3, 4", 190 + n))
+                .w("3, 4")
+                .e(format!("sum(polygamma({n}, x) * w)")),
+        );
+    }
+    v.push(
+        case("polygamma", "order 2 squared, scalar")
+            .x("x", pos("", 195))
+            .w("")
+            .e("polygamma(2, x) * polygamma(2, x) * w"),
+    );
+    v.push(
+        case("polygamma", "order m + 1 of an int argument m")
+            .x("x", pos("2, 3", 196))
+            .c("m", "2")
+            .w("2, 3")
+            .e("sum(polygamma(m + 1, x * 2.0) * w)"),
+    );
+    v.push(
+        case("polygamma", "negative x")
+            .x("x", format!("(-0.5 + 0.1 * {})", rn("2, 3", 197)))
+            .w("2, 3")
+            .e("sum(polygamma(2, x) * w)")
+            .step(1e-7, 1e-6),
+    );
+
     // ----- element-wise, two operands, with broadcasting ----------------
     type Init = fn(&str, u32) -> String;
     let binary: &[(&str, &str, Init, Init)] = &[
@@ -593,6 +624,44 @@ fn cases() -> Vec<Case> {
             .x("y", rn("3, 4", 913))
             .w("3, 4")
             .e("tree_sum(tree_map(|a, b| sum(a * b * w), { p: x, q: y }, { p: y, q: x * x }))"),
+    );
+    v.push(
+        case(
+            "tree_map",
+            "a closure over a differentiated input, nested tree",
+        )
+        .x("x", rn("3, 4", 914))
+        .x("s", rn("", 915))
+        .w("3, 4")
+        .e("tree_sum(tree_map(|a| sum(a * s * w), (x, (x * x, { k: sin(x) }))))"),
+    );
+    v.push(
+        case("tree_map", "tuples at the leaves, partly used")
+            .x("x", rn("3, 4", 916))
+            .x("y", rn("3, 4", 917))
+            .w("3, 4")
+            .e("{ let t = tree_map(|a| (a * a, sin(a)), { p: x, q: (y,) }); sum(t.p.1 * w) + sum(t.q.0.0 * w * x) }"),
+    );
+    v.push(
+        case("tree_map", "the first tree a prefix of the second")
+            .x("x", rn("3, 4", 918))
+            .x("y", rn("3, 4", 919))
+            .w("3, 4")
+            .e("tree_sum(tree_map(|a, b| sum(a * b.0 * b.1 * w), (x, y), ((y, x), (x, x))))"),
+    );
+    v.push(
+        case("tree_map", "nested maps")
+            .x("x", rn("3, 4", 922))
+            .x("y", rn("3, 4", 923))
+            .w("3, 4")
+            .e("tree_sum(tree_map(|a| tree_sum(tree_map(|b| sum(a * b * w), (a, y))), (x, x * y)))"),
+    );
+    v.push(
+        case("tree_gadd", "tensor leaves")
+            .x("x", rn("3, 4", 925))
+            .x("y", rn("3, 4", 926))
+            .w("3, 4")
+            .e("sum(tree_gadd((x, (x * y, { k: y * y }))) * w)"),
     );
     v.push(
         case("tree_sum", "tuple of scalars")

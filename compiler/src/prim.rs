@@ -202,6 +202,9 @@ prims! {
     Digamma = "digamma", Map, X, false, true;
     /// The derivative of `digamma`.
     Trigamma = "trigamma", Map, X, false, true;
+    /// `polygamma(n, x)`: the `n`-th derivative of `digamma` (an int order
+    /// `n >= 0`); its derivative is `polygamma(n + 1, x)`.
+    Polygamma = "polygamma", Map, &[req("n"), req("x")], false, true;
     // Values made by differentiation. Cotangents that are known to be zero
     // are the symbolic zero `zero()`; cotangents of free variables travel in
     // environments keyed by the forward node's id.
@@ -235,6 +238,9 @@ prims! {
     RecordGrad = "record_grad", Struct, &[req("r"), req("name"), req("d")], false, true;
     /// Every leaf of tree `t` filled with scalar `d` (the rule of `tree_sum`).
     TreeFill = "tree_fill", Struct, &[req("t"), req("d")], false, true;
+    /// The `gadd` of every leaf of tree `t` (the rule of `tree_map` sums the
+    /// environments of the mapped function with it).
+    TreeGAdd = "tree_gadd", Struct, &[req("t")], false, true;
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;
     LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;

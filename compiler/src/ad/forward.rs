@@ -36,7 +36,10 @@
 //! and receive concrete tangents (zeros made real by `grad_finalize(dx,
 //! x)`); the structural primitives (tuples, records, environments,
 //! `switch`, the values of reverse mode) have rules generated here that
-//! work on the tangents as they are, symbolic zeros included. A
+//! work on the tangents as they are, symbolic zeros included. So does
+//! `tree_map`, whose function argument is itself F-transformed: `F.tree_map`
+//! maps it over the leaves of the primals and tangents together and splits
+//! the `(y, dy)` pairs. A
 //! non-differentiable primitive, a cast to an int or bool dtype and
 //! `stop_gradient` have the tangent `zero()`; IO, and a primitive listed
 //! in [`NO_RULE_YET`], are errors at the user's expression, as in reverse
@@ -79,6 +82,8 @@ pub fn tangent_is_generated(p: Prim) -> bool {
             | Prim::TupleGrad
             | Prim::RecordGrad
             | Prim::TreeFill
+            | Prim::TreeGAdd
+            | Prim::TreeMap
             | Prim::StopGradient
     )
 }
@@ -291,6 +296,9 @@ impl Ad<'_> {
                 note: Some("IO is allowed only outside functions that are differentiated".into()),
             });
         }
+        if p == Prim::TreeMap && differentiable {
+            return Ok(self.fwd_tree_map(key, arity));
+        }
         let rule = if !differentiable || tangent_is_generated(p) {
             None
         } else {
@@ -367,6 +375,33 @@ impl Ad<'_> {
         Ok(fg)
     }
 
+    /// `F(tree_map)` applied to `arity` arguments: `F.tree_map(ff, t1..tk,
+    /// dff, dt1..dtk)`. The function arrives F-transformed (it takes the
+    /// primals, then the tangents), so `tree_map(ff, t1..tk, dt1..dtk)`
+    /// applies it leaf by leaf (the tangent trees may be `zero()` as a
+    /// whole or in parts: see the kernel) and gives a `(y, dy)` pair at each
+    /// leaf of `t1`, split into the value and its tangent. The function's
+    /// own tangent is not needed: an F-transformed closure carries the
+    /// tangents of what it captures.
+    fn fwd_tree_map(&mut self, key: (Prim, usize, bool), arity: usize) -> GraphId {
+        let loc = Loc::NONE;
+        let fg = self.m.add_graph("F.tree_map", loc);
+        self.f_prims.insert(key, fg);
+        let xs: Vec<NodeId> = (0..arity)
+            .map(|i| self.m.add_param(fg, format!("x{i}"), loc))
+            .collect();
+        let dxs: Vec<NodeId> = (0..arity)
+            .map(|i| self.m.add_param(fg, format!("dx{i}"), loc))
+            .collect();
+        let mut args = xs.clone();
+        args.extend_from_slice(&dxs[1..]);
+        let pairs = self.prim(fg, Prim::TreeMap, &args, loc);
+        let y = self.tree_pick(fg, xs[1], pairs, 0);
+        let dy = self.tree_pick(fg, xs[1], pairs, 1);
+        self.output_tuple(fg, &[y, dy], loc);
+        fg
+    }
+
     /// The tangent of a structural primitive's result, in graph `g`, from
     /// its inputs `xs` and their tangents `dxs` as they are.
     fn generated_tangent(&mut self, g: GraphId, p: Prim, xs: &[NodeId], dxs: &[NodeId]) -> NodeId {
@@ -407,6 +442,7 @@ impl Ad<'_> {
             Prim::TupleGrad => self.prim(g, Prim::TupleGrad, &[xs[0], xs[1], dxs[2]], loc),
             Prim::RecordGrad => self.prim(g, Prim::RecordGrad, &[xs[0], xs[1], dxs[2]], loc),
             Prim::TreeFill => self.prim(g, Prim::TreeFill, &[xs[0], dxs[1]], loc),
+            Prim::TreeGAdd => self.prim(g, Prim::TreeGAdd, &[dxs[0]], loc),
             Prim::Zero | Prim::StopGradient => self.zero(g, loc),
             _ => unreachable!("only structural primitives have generated tangent rules"),
         }

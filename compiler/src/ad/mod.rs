@@ -16,6 +16,9 @@
 //! they are differentiated in turn (second and higher derivatives). A
 //! missing contribution is the symbolic zero `zero()`; each primitive's
 //! backpropagator returns zeros at once when its output cotangent is zero.
+//! The variadic structural primitives and `tree_map` (a higher-order
+//! primitive: its function argument arrives J-transformed) have rules
+//! generated here.
 //!
 //! Forward mode (`jvp`) is a separate transform on the same IR, in
 //! `forward.rs`: each graph `f` becomes `F(f)`, which computes values and
@@ -81,13 +84,12 @@ pub struct AdError {
 type R<T> = Result<T, AdError>;
 
 /// Differentiable primitives that have no rule yet: differentiating
-/// through them is a compile-time error at the user's expression.
-pub const NO_RULE_YET: &[Prim] = &[
-    // Its derivative needs the tetragamma function.
-    Prim::Trigamma,
-    // Needs the derivative of a function applied leaf by leaf.
-    Prim::TreeMap,
-];
+/// through them is a compile-time error at the user's expression. Empty:
+/// every differentiable primitive has both rules. A primitive added here
+/// is exempt from the start-up checks ([`missing_rules`],
+/// [`missing_tangent_rules`]) and from the finite-difference table of
+/// `tests/gradcheck.rs`, which instead requires the error.
+pub const NO_RULE_YET: &[Prim] = &[];
 
 /// Checks the rule table: every differentiable primitive has a rule, is
 /// generated here, or is listed in [`NO_RULE_YET`].
@@ -105,7 +107,12 @@ pub fn missing_rules(rules: &Rules) -> Vec<Prim> {
 pub fn rule_is_generated(p: Prim) -> bool {
     matches!(
         p,
-        Prim::MakeTuple | Prim::MakeRecord | Prim::TensorLiteral | Prim::Index | Prim::IndexGrad
+        Prim::MakeTuple
+            | Prim::MakeRecord
+            | Prim::TensorLiteral
+            | Prim::Index
+            | Prim::IndexGrad
+            | Prim::TreeMap
     )
 }
 
@@ -132,6 +139,7 @@ pub fn run(
         f_primal: HashMap::new(),
         f_tangent: HashMap::new(),
         f_zeros: HashMap::new(),
+        tree_picks: HashMap::new(),
         checks: Vec::new(),
     };
     // A request may differentiate a function that contains another request's
@@ -183,6 +191,8 @@ struct Ad<'a> {
     f_tangent: HashMap<NodeId, NodeId>,
     /// The `zero()` node of each F graph.
     f_zeros: HashMap<GraphId, NodeId>,
+    /// `|_, p| p[i]` by `i`, for splitting the results of `tree_map`.
+    tree_picks: HashMap<usize, GraphId>,
     checks: Vec<Check>,
 }
 
@@ -522,6 +532,9 @@ impl Ad<'_> {
                 note: Some("IO is allowed only outside functions that are differentiated".into()),
             });
         }
+        if p == Prim::TreeMap && differentiable {
+            return Ok(self.j_tree_map(key, arity));
+        }
         let rule = if !differentiable || rule_is_generated(p) {
             None
         } else {
@@ -594,6 +607,81 @@ impl Ad<'_> {
         let bgr = self.gref(bg, loc);
         self.output_tuple(jg, &[out, bgr], loc);
         Ok(jg)
+    }
+
+    /// `J(tree_map)` applied to `arity` arguments `(jf, t1, .., tk)`. The
+    /// function arrives J-transformed (as every function value in a J
+    /// graph), so mapping it over the leaves gives a `(y, bp)` pair at each
+    /// leaf of `t1` (whose structure decides where the leaves are; the
+    /// other trees may be deeper there, see the kernel). Those pairs are
+    /// split into the value and a tree of backpropagators. The
+    /// backpropagator maps over the backpropagators and the output
+    /// cotangent leaf by leaf (a symbolic zero stands for a whole subtree),
+    /// giving `(env, d_a1, .., d_ak)` at each leaf: the function's cotangent
+    /// is the sum of the environments (`tree_gadd`), each tree's the tree
+    /// of its leaves' cotangents. All of it is `tree_map` again, so it is
+    /// differentiated by this rule in turn (higher derivatives).
+    fn j_tree_map(&mut self, key: (Prim, usize, bool), arity: usize) -> GraphId {
+        let loc = Loc::NONE;
+        let jg = self.m.add_graph("J.tree_map", loc);
+        self.j_prims.insert(key, jg);
+        let xs: Vec<NodeId> = (0..arity)
+            .map(|i| self.m.add_param(jg, format!("x{i}"), loc))
+            .collect();
+        let pairs = self.prim(jg, Prim::TreeMap, &xs, loc);
+        let y = self.tree_pick(jg, xs[1], pairs, 0);
+        let bps = self.tree_pick(jg, xs[1], pairs, 1);
+
+        let bg = self.m.add_graph("B.tree_map", loc);
+        let dout = self.m.add_param(bg, "dout", loc);
+        // Zero in, zeros out.
+        let zg = self.m.add_graph("B.tree_map.zero", loc);
+        let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(zg, loc)).collect();
+        self.output_tuple(zg, &zs, loc);
+        let cg = self.m.add_graph("B.tree_map.rule", loc);
+        let apply = self.m.add_graph("tree_map.apply", loc);
+        let bp = self.m.add_param(apply, "bp", loc);
+        let d = self.m.add_param(apply, "d", loc);
+        let r = self.call(apply, bp, &[d], loc);
+        self.m.set_output(apply, r);
+        let apply = self.gref(apply, loc);
+        let res = self.prim(cg, Prim::TreeMap, &[apply, bps, dout], loc);
+        let envs = self.tree_pick(cg, xs[1], res, 0);
+        let mut cots = vec![self.zero(cg, loc)];
+        cots.push(self.prim(cg, Prim::TreeGAdd, &[envs], loc));
+        for i in 1..arity {
+            cots.push(self.tree_pick(cg, xs[1], res, i));
+        }
+        self.output_tuple(cg, &cots, loc);
+        let z = self.prim(bg, Prim::IsZero, &[dout], loc);
+        let zr = self.gref(zg, loc);
+        let cr = self.gref(cg, loc);
+        let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
+        let r = self.call(bg, sw, &[], loc);
+        self.m.set_output(bg, r);
+        let bgr = self.gref(bg, loc);
+        self.output_tuple(jg, &[y, bgr], loc);
+        jg
+    }
+
+    /// In graph `g`: `tree_map(|_, p| p[i], like, t)`, element `i` of the
+    /// tuples `t` holds at the leaves of tree `like`.
+    fn tree_pick(&mut self, g: GraphId, like: NodeId, t: NodeId, i: usize) -> NodeId {
+        let loc = Loc::NONE;
+        let pick = match self.tree_picks.get(&i) {
+            Some(pick) => *pick,
+            None => {
+                let pick = self.m.add_graph(format!("tree_map.pick{i}"), loc);
+                self.m.add_param(pick, "leaf", loc);
+                let p = self.m.add_param(pick, "p", loc);
+                let o = self.get(pick, p, i, loc);
+                self.m.set_output(pick, o);
+                self.tree_picks.insert(i, pick);
+                pick
+            }
+        };
+        let pr = self.gref(pick, loc);
+        self.prim(g, Prim::TreeMap, &[pr, like, t], loc)
     }
 
     /// Cotangents of the inputs of a variadic primitive.
@@ -692,5 +780,77 @@ fn kind_name(k: &AdKind) -> &'static str {
         AdKind::Grad { .. } => "grad",
         AdKind::Vjp => "vjp",
         AdKind::Jvp => "jvp",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lower::{Lowered, Lowerer, SourceLoader};
+    use adjoint_lang::SourceMap;
+    use std::path::Path;
+
+    struct NoFiles;
+    impl SourceLoader for NoFiles {
+        fn load(&self, _: &Path) -> std::io::Result<String> {
+            Err(std::io::ErrorKind::NotFound.into())
+        }
+    }
+
+    fn lower(src: &str) -> Lowered {
+        let mut sources = SourceMap::new();
+        let root = sources.add_file("t.adj", src);
+        match Lowerer::lower_program(&mut sources, root, None, &NoFiles) {
+            Ok(l) => l,
+            Err(d) => panic!("{d:?}"),
+        }
+    }
+
+    /// The start-up checks report a rule removed from the tables (lowering
+    /// itself passed them with the full tables).
+    #[test]
+    fn the_start_up_checks_find_a_missing_rule() {
+        let l = lower("fn main() { print(grad(|x| x * x)(1.0)); }");
+        assert_eq!(missing_rules(&l.ad_rules), Vec::<Prim>::new());
+        assert_eq!(missing_tangent_rules(&l.ad_rules), Vec::<Prim>::new());
+        let mut rules = l.ad_rules.clone();
+        rules.prims.remove(&Prim::Trigamma);
+        rules.tangents.remove(&Prim::Polygamma);
+        assert_eq!(missing_rules(&rules), vec![Prim::Trigamma]);
+        assert_eq!(missing_tangent_rules(&rules), vec![Prim::Polygamma]);
+    }
+
+    /// Differentiating through a primitive without a rule, in either mode,
+    /// is an error at the user's expression.
+    #[test]
+    fn a_missing_rule_is_an_error_at_the_use() {
+        for (src, tangent) in [
+            (
+                "fn main() { print(grad(|x| trigamma(x) * 2.0)(1.5)); }",
+                false,
+            ),
+            (
+                "fn main() { print(jvp(|x| trigamma(x) * 2.0, (1.5,), (1.0,))); }",
+                true,
+            ),
+        ] {
+            let mut l = lower(src);
+            let mut rules = l.ad_rules.clone();
+            if tangent {
+                rules.tangents.remove(&Prim::Trigamma);
+            } else {
+                rules.prims.remove(&Prim::Trigamma);
+            }
+            let e = run(&mut l.module, &l.ad_requests, &rules, &l.effectful).unwrap_err();
+            assert_eq!(e.message, "`trigamma` has no derivative rule");
+            assert_eq!(&src[e.loc.lo as usize..e.loc.hi as usize], "trigamma(x)");
+            let note = e.note.unwrap_or_default();
+            let want = if tangent {
+                "stdlib/jvp.adj"
+            } else {
+                "stdlib/bprop.adj"
+            };
+            assert!(note.contains(want), "{note}");
+        }
     }
 }

@@ -105,6 +105,18 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         | Prim::Digamma
         | Prim::Trigamma
         | Prim::Erf => unary(p, &args[0], None),
+        Prim::Polygamma => {
+            let n = int_scalar(op, "order n", &args[0])?;
+            let max = adjoint_runtime::kernels::num::POLYGAMMA_MAX_ORDER;
+            if let Some(n) = n.scalar_value().filter(|n| !(0..=max as i64).contains(n)) {
+                return fail(format!(
+                    "{op}: the order n must be between 0 and {max}, got {n}"
+                ));
+            }
+            let x = tensor(op, &args[1])?;
+            let (d, w) = dtype::float_operand(op, x.weak_dtype())?;
+            Ok(AbsVal::Tensor(AbsTensor::new(d, x.shape.clone(), w)))
+        }
         Prim::Add => binary(p, args, |a, b| Some(a.wrapping_add(b))),
         Prim::Sub => binary(p, args, |a, b| Some(a.wrapping_sub(b))),
         Prim::Mul => binary(p, args, |a, b| Some(a.wrapping_mul(b))),
@@ -409,6 +421,13 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         }
         Prim::TupleGrad => tuple_grad(&args[0], &args[1], &args[2]),
         Prim::RecordGrad => record_grad(&args[0], &args[1], &args[2]),
+        Prim::TreeGAdd => {
+            let mut leaves = Vec::new();
+            collect_leaves(&args[0], &mut leaves);
+            Ok(leaves
+                .into_iter()
+                .fold(AbsVal::Unknown, |acc, leaf| gadd(&acc, leaf)))
+        }
         Prim::TreeFill => {
             let d = tensor(op, &args[1])?;
             if shape::size(&d.shape) != 1 {
@@ -1276,6 +1295,10 @@ fn switch(ctx: &RuleCtx, c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
     })
 }
 
+/// `tree_map(f, t, rest..)`: the first tree's structure decides; where it
+/// has a leaf, `f` gets the other trees' values there whole (they may be
+/// deeper); where it has a tuple or record, an `Unknown` (a symbolic zero)
+/// in another tree stands for that structure.
 fn tree_map(f: &AbsVal, t: &AbsVal, rest: &[&AbsVal], calls: &mut dyn Calls) -> Rule {
     let mismatch = |other: &AbsVal| {
         fail(format!(
@@ -1290,6 +1313,8 @@ fn tree_map(f: &AbsVal, t: &AbsVal, rest: &[&AbsVal], calls: &mut dyn Calls) -> 
                 for r in rest {
                     match r {
                         AbsVal::Tuple(o) if o.len() == items.len() => sub.push(&o[i]),
+                        // A symbolic zero (or a value known at run time only).
+                        AbsVal::Unknown => sub.push(r),
                         _ => return mismatch(r),
                     }
                 }
@@ -1306,6 +1331,7 @@ fn tree_map(f: &AbsVal, t: &AbsVal, rest: &[&AbsVal], calls: &mut dyn Calls) -> 
                         AbsVal::Record(o) if o.len() == fields.len() && o[i].0 == *name => {
                             sub.push(&o[i].1)
                         }
+                        AbsVal::Unknown => sub.push(r),
                         _ => return mismatch(r),
                     }
                 }
@@ -1382,6 +1408,39 @@ mod tests {
 
     fn unit() -> AbsVal {
         AbsVal::unit()
+    }
+
+    #[test]
+    fn polygamma_takes_an_int_order() {
+        let two = AbsVal::int(2, true);
+        assert_eq!(ty(Prim::Polygamma, &[two.clone(), f32s(&[3])]), "f32[3]");
+        assert_eq!(
+            ty(
+                Prim::Polygamma,
+                &[AbsVal::tensor(I32, &[]), AbsVal::scalar(F64)]
+            ),
+            "f64[]"
+        );
+        assert_eq!(
+            ty(Prim::Polygamma, &[AbsVal::scalar(F32), f32s(&[3])]),
+            "error: polygamma: the order n must be an int, got f32[]"
+        );
+        assert_eq!(
+            ty(Prim::Polygamma, &[AbsVal::int(-1, true), f32s(&[3])]),
+            "error: polygamma: the order n must be between 0 and 100, got -1"
+        );
+        assert!(ty(Prim::Polygamma, &[two, AbsVal::tensor(I64, &[2])]).contains("use a cast"));
+    }
+
+    #[test]
+    fn tree_gadd_adds_the_leaves() {
+        let t = AbsVal::Tuple(vec![
+            f32s(&[2]),
+            AbsVal::Unknown,
+            AbsVal::Record(vec![("a".into(), f32s(&[2]))]),
+        ]);
+        assert_eq!(ty(Prim::TreeGAdd, &[t]), "f32[2]");
+        assert_eq!(run(Prim::TreeGAdd, &[unit()]), Ok(AbsVal::Unknown));
     }
 
     #[test]

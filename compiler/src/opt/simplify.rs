@@ -192,7 +192,8 @@ impl Rewriter<'_> {
                 | Prim::RecordGet
                 | Prim::EnvGetitem
                 | Prim::Switch
-                | Prim::TreeMap => return false,
+                | Prim::TreeMap
+                | Prim::TreeGAdd => return false,
                 Prim::GAdd => {
                     let (a, b) = (self.resolve(ins[1]), self.resolve(ins[2]));
                     return self.never_zero(a) || self.never_zero(b);

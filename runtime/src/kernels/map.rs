@@ -1,8 +1,8 @@
 //! Element-wise kernels: unary and binary maps with broadcasting and the
 //! promotion rule, `where` and `cast`.
 
-use super::args::{arity, rule, tensor, typed};
-use super::num::{Float, Num};
+use super::args::{arity, int, rule, tensor, typed};
+use super::num::{Float, Num, Polygamma, POLYGAMMA_MAX_ORDER};
 use super::strided::{broadcast_tensor, zip_broadcast};
 use super::Ctx;
 use crate::dtype::{self, BinaryClass, UnaryClass};
@@ -199,6 +199,31 @@ pub fn cast(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     Ok(Value::Tensor(x.cast(*dt).with_weak(false)))
 }
 
+/// `polygamma(n, x)`: the polygamma function `ψ⁽ⁿ⁾(x)`, the `n`-th
+/// derivative of digamma, element-wise over `x` for one int order `n`
+/// (`0 <= n <= 100`). Typed like the float unary maps (computed in f64).
+pub fn polygamma(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "polygamma";
+    arity(op, args, 2)?;
+    let n = int(op, &args[0], "the order n")?;
+    let n = u32::try_from(n)
+        .ok()
+        .filter(|n| *n <= POLYGAMMA_MAX_ORDER)
+        .ok_or_else(|| {
+            RtError::new(format!(
+                "{op}: the order n must be between 0 and {POLYGAMMA_MAX_ORDER}, got {n}"
+            ))
+        })?;
+    let x = tensor(op, &args[1], "x")?;
+    let (dt, weak) = rule(dtype::float_operand(op, (x.dtype(), x.weak)))?;
+    let x = x.cast(dt);
+    let f = Polygamma::new(n);
+    let buf = dispatch_float!(dt, T => T::wrap(
+        typed::<T>(&x)?.iter().map(|&v| T::cast_from(f.eval(v.to_f64()))).collect()
+    ), else return Err(RtError::internal(format!("{op} on {dt}"))));
+    Ok(Value::Tensor(Tensor::new(buf, x.shape())?.with_weak(weak)))
+}
+
 macro_rules! unary_kernels {
     ($($name:ident),*) => {$(
         #[doc = concat!("`", stringify!($name), "(x)`, element-wise.")]
@@ -292,6 +317,47 @@ mod tests {
         let e = f32s(&call("erf", &[v(Tensor::vector(vec![0.0f32, 1.0]))]));
         assert_eq!(e[0], 0.0);
         assert!((e[1] - 0.842_700_8).abs() < 1e-6);
+    }
+
+    #[test]
+    fn polygamma() {
+        // ψ⁽²⁾(1) = -2 ζ(3); order 1 is trigamma, order 0 digamma.
+        let r = f64s(&call(
+            "polygamma",
+            &[v(Tensor::weak_i64(2)), v(Tensor::vector(vec![1.0f64, 0.5]))],
+        ));
+        assert!((r[0] - -2.4041138063191885).abs() < 1e-14);
+        assert!((r[1] - -16.82879664423432).abs() < 1e-12);
+        let x = v(Tensor::vector(vec![0.7f32, 3.0]));
+        let n1 = call("polygamma", &[v(Tensor::scalar_i32(1)), x.clone()]);
+        assert_eq!(n1, call("trigamma", std::slice::from_ref(&x)));
+        let n0 = call("polygamma", &[v(Tensor::scalar_i64(0)), x.clone()]);
+        assert_eq!(n0, call("digamma", std::slice::from_ref(&x)));
+        // A weak int x works in f64 and stays weak.
+        let r = call(
+            "polygamma",
+            &[v(Tensor::weak_i64(3)), v(Tensor::weak_i64(1))],
+        );
+        let want = std::f64::consts::PI.powi(4) / 15.0;
+        match &r {
+            Value::Tensor(t) => {
+                assert!(t.weak && t.dtype() == DType::F64);
+                assert!((f64s(&r)[0] - want).abs() < 1e-13 * want);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            call_err("polygamma", &[v(Tensor::scalar_f64(1.0)), x.clone()])
+                .contains("expected an int for the order n, got")
+        );
+        assert!(call_err("polygamma", &[v(Tensor::weak_i64(-1)), x.clone()])
+            .contains("the order n must be between 0 and 100, got -1"));
+        assert!(call_err("polygamma", &[v(Tensor::weak_i64(101)), x]).contains("between 0 and 100"));
+        assert!(call_err(
+            "polygamma",
+            &[v(Tensor::weak_i64(2)), v(Tensor::scalar_i64(1))]
+        )
+        .contains("use a cast"));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //!
 //! | category | kernels (parameters) |
 //! | --- | --- |
-//! | unary map | `neg exp log log1p sin cos tanh sigmoid relu sqrt rsqrt abs sign floor ceil lgamma digamma erf not` (x) |
+//! | unary map | `neg exp log log1p sin cos tanh sigmoid relu sqrt rsqrt abs sign floor ceil lgamma digamma trigamma erf not` (x); `polygamma(n, x)` (an int order n) |
 //! | binary map | `add sub mul div pow rem maximum minimum eq ne lt le gt ge and or` (x, y) |
 //! | select, convert | `where(c, a, b)`, `cast(x, dtype)` |
 //! | reduce | `sum mean max min prod argmax` (x, axis, keepdims) |
@@ -21,7 +21,7 @@
 //! | linear algebra | `matmul(a, b)`, `dot(a, b)`, `outer(a, b)` |
 //! | creation | `zeros(shape, dtype)`, `ones(shape, dtype)`, `full(shape, v, dtype)`, `zeros_like(x)`, `ones_like(x)`, `arange(n, dtype)`, `eye(n, dtype)`, `one_hot(labels, n, dtype)` |
 //! | random | `randn(shape, seed, dtype)`, `rand(shape, seed, dtype)`, `permutation(n, seed)` |
-//! | trees | `tree_map(f, t, ..)`, `tree_sum(t)` |
+//! | trees | `tree_map(f, t, ..)`, `tree_sum(t)`, `tree_gadd(t)` |
 //! | structure | `make_tuple(..)`, `tuple_get(t, i)`, `make_record(name0, v0, ..)`, `record_get(r, name)`, `tensor_literal(e0, ..)` |
 //! | differentiation | `stop_gradient(x)`, `mT(x)`, `zero()`, `is_zero(x)`, `gadd(x, y)`, `env_setitem(env, key, v)`, `env_getitem(env, key)`, `grad_finalize(d, x)`, `sum_to(x, like)`, `extremum_mask(x, axis, is_min)`, `transpose_grad(d, perm)`, `split_like(d, xs, axis)`, `unstack(d, axis)`, `take_grad(x, idx, axis, d)`, `index_grad(x, d, c0, ..)`, `tuple_grad(t, i, d)`, `record_grad(r, name, d)`, `tree_fill(t, d)` |
 //! | IO | `print(io, ..)`, `load_npy(io, path)`, `save_npy(io, path, x)`, `save_safetensors(io, path, record)`, `load_safetensors(io, path)` |
@@ -142,6 +142,7 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("lgamma", map::lgamma),
     ("digamma", map::digamma),
     ("trigamma", map::trigamma),
+    ("polygamma", map::polygamma),
     ("erf", map::erf),
     ("not", map::not),
     // binary maps
@@ -204,6 +205,7 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     // trees
     ("tree_map", tree::tree_map),
     ("tree_sum", tree::tree_sum),
+    ("tree_gadd", tree::tree_gadd),
     // structure
     ("make_tuple", structural::make_tuple),
     ("tuple_get", structural::tuple_get),
@@ -265,6 +267,7 @@ pub(crate) mod testing {
                 0 => "add",
                 1 => "neg",
                 2 => "mul",
+                3 => "make_tuple",
                 _ => return Err(RtError::new("unknown test function")),
             };
             let k = lookup(name).ok_or_else(|| RtError::new("no kernel"))?;

@@ -3,6 +3,7 @@
 //! A tree is a tuple or record whose elements are trees; anything else
 //! (normally a tensor) is a leaf.
 
+use super::ad::add_values;
 use super::args::{min_arity, rule};
 use super::map::binary;
 use super::reduce::reduction;
@@ -37,15 +38,17 @@ fn map_rec(ctx: &mut dyn Ctx, f: &Value, trees: &[&Value]) -> Result<Value, RtEr
         Value::Tuple(items) => {
             let mut others = Vec::with_capacity(trees.len() - 1);
             for t in &trees[1..] {
-                match t {
-                    Value::Tuple(o) if o.len() == items.len() => others.push(o),
-                    _ => return Err(mismatch(first, t)),
-                }
+                let p = match t {
+                    Value::Zero => Some(vec![*t; items.len()]),
+                    Value::Tuple(o) if o.len() == items.len() => Some(o.iter().collect()),
+                    _ => None,
+                };
+                others.push(p.ok_or_else(|| mismatch(first, t))?);
             }
             let mut out = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
                 let mut sub = vec![item];
-                sub.extend(others.iter().map(|o| &o[i]));
+                sub.extend(others.iter().map(|o| o[i]));
                 out.push(map_rec(ctx, f, &sub)?);
             }
             Ok(Value::tuple(out))
@@ -53,31 +56,27 @@ fn map_rec(ctx: &mut dyn Ctx, f: &Value, trees: &[&Value]) -> Result<Value, RtEr
         Value::Record(rec) => {
             let mut others = Vec::with_capacity(trees.len() - 1);
             for t in &trees[1..] {
-                match t {
+                let p = match t {
+                    Value::Zero => Some(vec![*t; rec.fields.len()]),
                     Value::Record(o)
                         if o.fields.len() == rec.fields.len()
                             && o.fields.iter().zip(&rec.fields).all(|(a, b)| a.0 == b.0) =>
                     {
-                        others.push(o)
+                        Some(o.fields.iter().map(|(_, v)| v).collect())
                     }
-                    _ => return Err(mismatch(first, t)),
-                }
+                    _ => None,
+                };
+                others.push(p.ok_or_else(|| mismatch(first, t))?);
             }
             let mut out = Vec::with_capacity(rec.fields.len());
             for (i, (name, item)) in rec.fields.iter().enumerate() {
                 let mut sub = vec![item];
-                sub.extend(others.iter().map(|o| &o.fields[i].1));
+                sub.extend(others.iter().map(|o| o[i]));
                 out.push((name.clone(), map_rec(ctx, f, &sub)?));
             }
             Ok(Value::record(out))
         }
         _ => {
-            if let Some(t) = trees[1..]
-                .iter()
-                .find(|t| matches!(t, Value::Tuple(_) | Value::Record(_)))
-            {
-                return Err(mismatch(first, t));
-            }
             let leaves: Vec<Value> = trees.iter().map(|&v| v.clone()).collect();
             ctx.call(f, &leaves)
         }
@@ -86,10 +85,33 @@ fn map_rec(ctx: &mut dyn Ctx, f: &Value, trees: &[&Value]) -> Result<Value, RtEr
 
 /// `tree_map(f, t, t2, ..)`: `f` applied leafwise over trees of the same
 /// structure (same tuple lengths, same record fields in the same order).
+/// The first tree's structure decides: where it has a leaf, the others may
+/// have any value, which `f` receives whole (JAX's rule: the first tree is
+/// a prefix of the others); where it has a tuple or record, a symbolic
+/// `zero()` in another tree stands for that structure with `zero()` at
+/// every leaf (the derivatives of `tree_map` rely on both).
 pub fn tree_map(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     min_arity("tree_map", args, 2)?;
     let trees: Vec<&Value> = args[1..].iter().collect();
     map_rec(ctx, &args[0], &trees)
+}
+
+/// `tree_gadd(t)`: the `gadd` of every leaf of tree `t`, `zero()` for a
+/// tree without leaves (the sum of the environments of a function that
+/// `tree_map` applied, in its derivative).
+pub fn tree_gadd(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    super::args::arity("tree_gadd", args, 1)?;
+    let mut stack = vec![&args[0]];
+    let mut total = Value::Zero;
+    while let Some(v) = stack.pop() {
+        match v {
+            // In reverse, so that leaves are added in tree order.
+            Value::Tuple(items) => stack.extend(items.iter().rev()),
+            Value::Record(r) => stack.extend(r.fields.iter().rev().map(|(_, x)| x)),
+            leaf => total = add_values(&total, leaf)?,
+        }
+    }
+    Ok(total)
 }
 
 fn leaves<'a>(v: &'a Value, out: &mut Vec<&'a Tensor>) -> Result<(), RtError> {
@@ -181,6 +203,53 @@ mod tests {
         let t2 = Value::tuple(vec![v(Tensor::scalar_f32(1.0)), v(Tensor::scalar_f32(1.0))]);
         assert!(call_err("tree_map", &[func(0), t1, t2]).contains("a tuple of 1 and a tuple of 2"));
         assert!(try_call("tree_map", &[func(0)]).is_err());
+    }
+
+    #[test]
+    fn the_first_tree_decides() {
+        let s = |x: f32| v(Tensor::scalar_f32(x));
+        let pair = |a: Value, b: Value| Value::tuple(vec![a, b]);
+        // Where the first tree has a leaf, `f` gets the others' subtrees whole.
+        let r = call(
+            "tree_map",
+            &[
+                func(3),
+                pair(s(1.0), s(2.0)),
+                pair(pair(s(3.0), s(4.0)), s(5.0)),
+            ],
+        );
+        assert_eq!(
+            r,
+            pair(pair(s(1.0), pair(s(3.0), s(4.0))), pair(s(2.0), s(5.0)))
+        );
+        // zero() stands for a tree of zeros of the first tree's structure.
+        let r = call("tree_map", &[func(3), params(1.0, 2.0), Value::Zero]);
+        let z = |x: f32| pair(s(x), Value::Zero);
+        let want = Value::record(vec![
+            ("w", pair(v(Tensor::vector(vec![1.0f32, 1.0])), Value::Zero)),
+            ("inner", pair(z(2.0), z(2.0))),
+        ]);
+        assert_eq!(r, want);
+        // A leaf of the others where the first has a tuple still differs.
+        assert!(
+            call_err("tree_map", &[func(0), pair(s(1.0), s(2.0)), s(1.0)])
+                .contains("the trees differ: a tuple of 2 and a leaf")
+        );
+    }
+
+    #[test]
+    fn gadds() {
+        let s = |x: f64| v(Tensor::scalar_f64(x));
+        let t = Value::tuple(vec![
+            s(1.0),
+            Value::Zero,
+            Value::record(vec![("a", s(2.0)), ("b", Value::tuple(vec![]))]),
+        ]);
+        assert_eq!(call("tree_gadd", &[t]), s(3.0));
+        assert_eq!(call("tree_gadd", &[Value::unit()]), Value::Zero);
+        assert_eq!(call("tree_gadd", &[Value::Zero]), Value::Zero);
+        let bad = Value::tuple(vec![s(1.0), Value::str("x")]);
+        assert!(try_call("tree_gadd", &[bad]).is_err());
     }
 
     #[test]
