@@ -1163,7 +1163,14 @@ impl<'a> Lowerer<'a> {
         if let Some(p) = self.prelude {
             candidates.extend(self.mods[p].fns.keys().cloned());
         }
-        candidates.extend(Prim::ALL.iter().map(|p| p.name().to_string()));
+        // Only the primitives this module may call: suggesting an internal
+        // one (`cast`, `gadd`) would name something the user cannot use.
+        candidates.extend(
+            Prim::ALL
+                .iter()
+                .filter(|p| self.prim_named(module, p.name()).is_some())
+                .map(|p| p.name().to_string()),
+        );
         if let Some(best) = candidates
             .iter()
             .filter(|c| edit_distance(c, n) <= 2.min(n.len().saturating_sub(1)).max(1))
