@@ -224,14 +224,7 @@ impl Ad<'_> {
                 Some(Const::Prim(p)) => {
                     let p = *p;
                     if p.category() == Category::Io {
-                        return Err(AdError {
-                            loc: yloc,
-                            message: format!("`{p}` (IO) inside differentiated code"),
-                            note: Some(
-                                "IO is allowed only outside functions that are differentiated"
-                                    .into(),
-                            ),
-                        });
+                        return Err(super::io_prim_error(p, yloc));
                     }
                     // A cast to an int or bool dtype has no derivative.
                     let int_cast = p == Prim::Cast
@@ -290,11 +283,7 @@ impl Ad<'_> {
         }
         let info = p.info();
         if info.category == Category::Io {
-            return Err(AdError {
-                loc: at,
-                message: format!("`{p}` (IO) inside differentiated code"),
-                note: Some("IO is allowed only outside functions that are differentiated".into()),
-            });
+            return Err(super::io_prim_error(p, at));
         }
         if p == Prim::TreeMap && differentiable {
             return Ok(self.fwd_tree_map(key, arity));

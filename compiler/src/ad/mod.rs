@@ -386,13 +386,7 @@ impl Ad<'_> {
             let yloc = self.m.node(y).loc;
             if let Some(Const::Prim(p)) = self.m.as_const(inputs[0]) {
                 if p.category() == Category::Io {
-                    return Err(AdError {
-                        loc: yloc,
-                        message: format!("`{p}` (IO) inside differentiated code"),
-                        note: Some(
-                            "IO is allowed only outside functions that are differentiated".into(),
-                        ),
-                    });
+                    return Err(io_prim_error(*p, yloc));
                 }
             }
             let arity = inputs.len() - 1;
@@ -526,11 +520,7 @@ impl Ad<'_> {
         }
         let info = p.info();
         if info.category == Category::Io {
-            return Err(AdError {
-                loc: at,
-                message: format!("`{p}` (IO) inside differentiated code"),
-                note: Some("IO is allowed only outside functions that are differentiated".into()),
-            });
+            return Err(io_prim_error(p, at));
         }
         if p == Prim::TreeMap && differentiable {
             return Ok(self.j_tree_map(key, arity));
@@ -769,6 +759,15 @@ impl Ad<'_> {
         let bgr = self.gref(bg, loc);
         self.output_tuple(jg, &[out, bgr], loc);
         Ok(jg)
+    }
+}
+
+/// The error for an IO primitive met while differentiating (both modes).
+pub(crate) fn io_prim_error(p: Prim, loc: Loc) -> AdError {
+    AdError {
+        loc,
+        message: format!("`{p}` (IO) inside differentiated code"),
+        note: Some("IO is allowed only outside functions that are differentiated".into()),
     }
 }
 

@@ -102,12 +102,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
     let mut typed_passes = 0;
     for _ in 0..opts.max_rounds {
         stats.rounds += 1;
-        let fv = free_variables(m);
-        let graphs = reachable_graphs(m, roots);
-        let bodies: HashMap<GraphId, Vec<NodeId>> = graphs
-            .iter()
-            .map(|g| (*g, graph_body_with(m, *g, &fv)))
-            .collect();
+        let (fv, graphs, bodies) = snapshot(m, roots);
         let recursive = recursive_graphs(m, &graphs, &bodies);
         let children = nested_children(m, &fv);
         let graphs_at_start = m.graphs.len();
@@ -160,6 +155,22 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
     stats
 }
 
+/// Free variables, the graphs reachable from `roots`, and their bodies:
+/// what a round reads (and must recompute after changing the module).
+#[allow(clippy::type_complexity)]
+fn snapshot(
+    m: &Module,
+    roots: &[GraphId],
+) -> (FreeVars, Vec<GraphId>, HashMap<GraphId, Vec<NodeId>>) {
+    let fv = free_variables(m);
+    let graphs = reachable_graphs(m, roots);
+    let bodies = graphs
+        .iter()
+        .map(|g| (*g, graph_body_with(m, *g, &fv)))
+        .collect();
+    (fv, graphs, bodies)
+}
+
 /// Runs inference on the module as it is and applies the typed rewrites;
 /// returns how many were made.
 fn typed_pass(
@@ -186,12 +197,7 @@ fn typed_pass(
             return 0;
         }
     };
-    let fv = free_variables(m);
-    let graphs = reachable_graphs(m, roots);
-    let bodies: HashMap<GraphId, Vec<NodeId>> = graphs
-        .iter()
-        .map(|g| (*g, graph_body_with(m, *g, &fv)))
-        .collect();
+    let (fv, graphs, bodies) = snapshot(m, roots);
     let recursive = HashSet::new();
     let graphs_at_start = m.graphs.len();
     let mut rw = Rewriter {
