@@ -105,6 +105,19 @@ fn with_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 struct FsLoader;
 
+/// The dtype and shape `load_npy(path)` will give, from the file's header
+/// (its first 64 KiB), when it can be read now.
+fn npy_header_type(path: &str) -> Option<(adjoint_runtime::DType, Vec<usize>)> {
+    use std::io::Read;
+    let mut prefix = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(64 << 10)
+        .read_to_end(&mut prefix)
+        .ok()?;
+    adjoint_runtime::kernels::io::npy_type(&prefix)
+}
+
 impl SourceLoader for FsLoader {
     fn load(&self, path: &Path) -> std::io::Result<String> {
         std::fs::read_to_string(path)
@@ -121,6 +134,9 @@ pub struct Session {
 
 impl Session {
     pub fn new(mode: Mode) -> Session {
+        // Tensor temporaries of megabytes come and go at every step of a
+        // loop: keep freed memory instead of faulting fresh pages in.
+        adjoint_runtime::memory::keep_freed_memory();
         Session {
             mode,
             sources: SourceMap::new(),
@@ -177,7 +193,10 @@ impl Session {
         let root = self.sources.add_file(name, text);
         let sources = &mut self.sources;
         match with_stack(|| Program::load(sources, root, path, &FsLoader)) {
-            Ok(p) => {
+            Ok(mut p) => {
+                // Graph mode specialises the program to the shapes of the
+                // .npy files it loads (read from their headers).
+                p.set_npy_types(Box::new(npy_header_type));
                 self.program = Some(p);
                 Ok(self)
             }

@@ -92,3 +92,172 @@ fn gmm_gradient_optimises_to_one_closure_free_graph() {
     assert_closure_free("gmm.adj", &src, &["tuple_grad"]);
     assert_eq!(run(Mode::Graph, &src), run(Mode::Eager, &src));
 }
+
+/// One SGD step of a ReLU network, large enough for kernels: the relu
+/// derivatives (`where` of a comparison) and the SGD update (`tree_map`)
+/// become fused kernels, the products of transposes read their operand in
+/// place, and nothing changes in what is printed.
+const TRAIN_STEP: &str = "\
+fn loss(p, x, y) {
+    let h = relu(x @ p.l1.w + p.l1.b);
+    let h2 = relu(h @ p.l2.w + p.l2.b);
+    let logits = h2 @ p.l3.w + p.l3.b;
+    cross_entropy(logits, y)
+}
+fn main() {
+    let p = {l1: {w: randn((96, 80), seed = 1) * 0.1, b: zeros((80,))},
+             l2: {w: randn((80, 72), seed = 2) * 0.1, b: zeros((72,))},
+             l3: {w: randn((72, 10), seed = 3) * 0.1, b: zeros((10,))}};
+    let x = rand((64, 96), seed = 4);
+    let y = i64(floor(rand((64,), seed = 5) * 10.0));
+    let (l, g) = value_and_grad(loss)(p, x, y);
+    let q = tree_map(|w, dw| w - 0.1 * dw, p, g);
+    print(l, sum(q.l1.w), sum(q.l1.b), sum(q.l2.w), sum(q.l2.b), sum(q.l3.w), sum(q.l3.b));
+}
+";
+
+#[test]
+fn a_training_step_runs_in_kernels() {
+    let s = Session::new(Mode::Graph)
+        .load_source("step.adj", TRAIN_STEP)
+        .unwrap();
+    let ir = s.emit_opt(Some("main")).unwrap();
+    assert!(!ir.contains("tree_map("), "{ir}");
+    let kernels = s.emit_kernels("main").unwrap();
+    for k in [
+        "fused[add,relu] over [64, 80] f32",
+        "fused[where] over [64, 80] f32",
+        "fused[mul,sub,sum] over [96, 80] f32",
+        "fused[sum_to] over [64, 80] f32, then sum over [0]",
+        "matmul[mT(a), b]",
+        "matmul[a, mT(b)]",
+    ] {
+        assert!(kernels.contains(k), "no `{k}` in\n{kernels}");
+    }
+    // Fused f32 reductions accumulate in f32, the reference kernels in f64.
+    assert_close(
+        &run(Mode::Graph, TRAIN_STEP),
+        &run(Mode::Eager, TRAIN_STEP),
+        1e-5,
+    );
+}
+
+/// Two lines of numbers that agree to a relative `tol`.
+fn assert_close(a: &str, b: &str, tol: f64) {
+    let nums = |s: &str| -> Vec<f64> { s.split_whitespace().map(|w| w.parse().unwrap()).collect() };
+    let (x, y) = (nums(a), nums(b));
+    assert_eq!(x.len(), y.len(), "{a} vs {b}");
+    for (p, q) in x.iter().zip(&y) {
+        assert!((p - q).abs() <= tol * q.abs().max(1.0), "{a} vs {b}");
+    }
+}
+
+/// A writer for kernels called directly.
+struct NoCtx(Vec<u8>);
+
+impl adjoint_runtime::Ctx for NoCtx {
+    fn call(
+        &mut self,
+        _: &adjoint::Value,
+        _: &[adjoint::Value],
+    ) -> Result<adjoint::Value, adjoint_runtime::RtError> {
+        unreachable!()
+    }
+    fn stdout(&mut self) -> &mut dyn std::io::Write {
+        &mut self.0
+    }
+}
+
+/// Saves `x` as an .npy file at `path`.
+fn save(path: &std::path::Path, x: adjoint_runtime::Tensor) {
+    let save = adjoint_runtime::lookup("save_npy").unwrap();
+    let p = path.to_str().unwrap();
+    save(
+        &mut NoCtx(Vec::new()),
+        &[adjoint::Value::Io, adjoint::Value::str(p), x.into()],
+    )
+    .unwrap();
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("adjoint-graph-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Graph mode specialises a program to the shapes of the .npy files it
+/// loads (read from their headers), so loaded data is fused too.
+#[test]
+fn loaded_data_is_specialised_to_its_shape() {
+    let d = temp_dir("load");
+    let path = d.join("x.npy");
+    let data: Vec<f64> = (0..64 * 80).map(|i| (i % 17) as f64 * 0.25 - 2.0).collect();
+    save(
+        &path,
+        adjoint_runtime::Tensor::from_vec(data, &[64, 80]).unwrap(),
+    );
+    let src = format!(
+        "fn main() {{\n    let x = load_npy({:?});\n    let y = tanh(2.0 * x + 1.0) - x / 3.0;\n    print(y[3, 7], sum(y, axis = 1)[5]);\n}}\n",
+        path.display().to_string()
+    );
+    let s = Session::new(Mode::Graph)
+        .load_source("l.adj", &src)
+        .unwrap();
+    let kernels = s.emit_kernels("main").unwrap();
+    assert!(
+        kernels.contains("fused[mul,add,tanh,div,sub] over [64, 80] f64"),
+        "{kernels}"
+    );
+    // The fused sum adds in another order.
+    assert_close(&run(Mode::Graph, &src), &run(Mode::Eager, &src), 1e-12);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The data a program was specialised to is checked when it is loaded: a
+/// file whose shape changed since compilation is an error, not wrong
+/// results.
+#[test]
+fn a_load_that_changed_since_compilation_is_an_error() {
+    use adjoint_compiler::pipeline::{Mode as M, Program};
+    struct Files;
+    impl adjoint_compiler::lower::SourceLoader for Files {
+        fn load(&self, path: &std::path::Path) -> std::io::Result<String> {
+            std::fs::read_to_string(path)
+        }
+    }
+    let d = temp_dir("check");
+    let path = d.join("x.npy");
+    save(
+        &path,
+        adjoint_runtime::Tensor::from_vec(vec![1.0f64; 6], &[2, 3]).unwrap(),
+    );
+    let p = path.display().to_string();
+    let src = format!("fn main() {{\n    let x = load_npy({p:?});\n    print(sum(x * 2.0));\n}}\n");
+    let mut sources = adjoint_lang::SourceMap::new();
+    let root = sources.add_file("c.adj", src);
+    let mut program = Program::load(&mut sources, root, None, &Files).unwrap();
+    // The compiler is told the file holds f64[4, 5]; it holds f64[2, 3].
+    program.set_npy_types(Box::new(|_| {
+        Some((adjoint_runtime::DType::F64, vec![4, 5]))
+    }));
+    let ex = program.prepare_main(M::Graph).unwrap();
+    let mut out = Vec::new();
+    let err = program.execute_main(&ex, &mut out).unwrap_err();
+    assert!(
+        err[0]
+            .message
+            .contains("holds f64[2, 3] now, but f64[4, 5] when the program was compiled"),
+        "{}",
+        err[0].message
+    );
+    // Told the truth, it runs.
+    let mut program = Program::load(&mut sources, root, None, &Files).unwrap();
+    program.set_npy_types(Box::new(|_| {
+        Some((adjoint_runtime::DType::F64, vec![2, 3]))
+    }));
+    let ex = program.prepare_main(M::Graph).unwrap();
+    let mut out = Vec::new();
+    program.execute_main(&ex, &mut out).unwrap();
+    assert_eq!(String::from_utf8(out).unwrap(), "12.0\n");
+    let _ = std::fs::remove_dir_all(&d);
+}

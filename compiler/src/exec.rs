@@ -176,9 +176,16 @@ fn schedule(
         Some(gi) => Unit::Group(*gi),
         None => Unit::Node(n),
     };
-    let Some(_) = plan.filter(|p| body.iter().any(|n| p.member_of.contains_key(n))) else {
+    let Some(plan) = plan.filter(|p| body.iter().any(|n| p.member_of.contains_key(n))) else {
         return body.iter().map(|n| Unit::Node(*n)).collect();
     };
+    // Absorbed nodes are computed by the kernels that use them, never on
+    // their own.
+    let body: Vec<NodeId> = body
+        .iter()
+        .copied()
+        .filter(|n| !plan.absorbed.contains(n))
+        .collect();
     let pos: HashMap<NodeId, usize> = body.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let mut first: HashMap<Unit, usize> = HashMap::new();
     let mut deps: HashMap<Unit, std::collections::HashSet<Unit>> = HashMap::new();
@@ -186,7 +193,22 @@ fn schedule(
         let u = unit(n);
         first.entry(u).or_insert(i);
         let d = deps.entry(u).or_default();
-        for &x in m.inputs(n) {
+        // A kernel depends on the operands of the nodes it recomputes,
+        // not on those nodes.
+        let recomputed: &[NodeId] = match u {
+            Unit::Group(gi) => &plan.groups[gi].recomputed,
+            Unit::Node(_) => &[],
+        };
+        let mut stack: Vec<NodeId> = m.inputs(n).to_vec();
+        let mut seen = std::collections::HashSet::new();
+        while let Some(x) = stack.pop() {
+            if !seen.insert(x) {
+                continue;
+            }
+            if recomputed.contains(&x) || plan.absorbed.contains(&x) {
+                stack.extend_from_slice(m.inputs(x));
+                continue;
+            }
             let mut srcs = vec![x];
             if let Some(Const::Graph(h)) = m.as_const(x) {
                 srcs.extend(fv.get(*h).iter().copied());
@@ -374,6 +396,22 @@ fn compile_graph(
         };
         b.instrs.push(instr);
         b.slot_of.insert(n, dst);
+        // Data graph mode was specialised to is checked as it is loaded.
+        if let (Some(check), Some(Const::Prim(Prim::LoadNpy))) = (
+            plan.and_then(|p| p.load_check.as_ref()),
+            m.as_const(inputs[0]),
+        ) {
+            let path = b.operand(inputs[2], ex)?;
+            let checked = b.n_slots;
+            b.n_slots += 1;
+            b.instrs.push(Instr::Native {
+                dst: checked,
+                kernel: check.clone(),
+                args: vec![Operand::Slot(dst), path],
+                loc,
+            });
+            b.slot_of.insert(n, checked);
+        }
     }
     let ret = if tail {
         Operand::Slot(0)

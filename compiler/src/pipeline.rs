@@ -1,8 +1,11 @@
 //! The order of the passes. Only this module knows it.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use adjoint_lang::{Diagnostic, FileId, SourceMap, Span};
+use adjoint_runtime::tensor::DType;
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::{Vm, VmError};
 
@@ -20,10 +23,36 @@ pub enum Mode {
     Graph,
 }
 
+/// What `load_npy` of a path will give (dtype and shape), as the embedder
+/// can tell before the program runs (by reading the file's header); `None`
+/// when it cannot.
+pub type NpyTypeFn = dyn Fn(&str) -> Option<(DType, Vec<usize>)> + Send + Sync;
+
+/// A dtype and shape.
+type TypeOf = (DType, Vec<usize>);
+
+/// The answers of an [`NpyTypeFn`], asked once per path.
+struct LoadTypes {
+    oracle: Box<NpyTypeFn>,
+    answered: Mutex<HashMap<String, Option<TypeOf>>>,
+}
+
+impl LoadTypes {
+    fn get(&self, path: &str) -> Option<TypeOf> {
+        let mut a = self.answered.lock().unwrap_or_else(|e| e.into_inner());
+        a.entry(path.to_string())
+            .or_insert_with(|| (self.oracle)(path))
+            .clone()
+    }
+}
+
 /// A parsed and lowered program.
 pub struct Program {
     pub lowered: Lowered,
     pub root: FileId,
+    /// The types of the data the program loads, when the embedder gave a
+    /// way to know them (graph mode specialises to them).
+    load_types: Option<Arc<LoadTypes>>,
 }
 
 impl Program {
@@ -68,7 +97,68 @@ impl Program {
                 )]);
             }
         }
-        Ok(Program { lowered, root })
+        Ok(Program {
+            lowered,
+            root,
+            load_types: None,
+        })
+    }
+
+    /// Lets graph mode specialise the program to the data it loads:
+    /// `npy_type` tells the dtype and shape `load_npy` of a path will give
+    /// (for instance from the file's header). Type checking does not use
+    /// it (errors in loaded data are reported when the program runs, as in
+    /// eager mode); the optimiser and fusion do, and the compiled program
+    /// checks that each such load still gives that type.
+    ///
+    /// A program that writes files may write one it then loads: its loads
+    /// are not specialised.
+    pub fn set_npy_types(&mut self, npy_type: Box<NpyTypeFn>) {
+        use crate::ir::{Const, NodeKind};
+        use crate::prim::Prim;
+        let writes = self.lowered.module.nodes.iter().any(|n| {
+            matches!(
+                n.kind,
+                NodeKind::Const(Const::Prim(Prim::SaveNpy | Prim::SaveSafetensors))
+            )
+        });
+        if writes {
+            return;
+        }
+        self.load_types = Some(Arc::new(LoadTypes {
+            oracle: npy_type,
+            answered: Mutex::new(HashMap::new()),
+        }));
+    }
+
+    /// The types of loads for inference in graph mode.
+    fn load_type_fn(&self) -> Option<Arc<crate::infer::LoadTypeFn>> {
+        let lt = self.load_types.clone()?;
+        Some(Arc::new(
+            move |p: crate::prim::Prim, path: &str| -> Result<crate::infer::AbsVal, String> {
+                use crate::infer::{AbsTensor, AbsVal};
+                Ok(match (p, lt.get(path)) {
+                    (crate::prim::Prim::LoadNpy, Some((d, shape))) => {
+                        AbsVal::Tensor(AbsTensor::new(d, shape, false))
+                    }
+                    _ => AbsVal::Unknown,
+                })
+            },
+        ))
+    }
+
+    /// The check of every load whose type graph mode assumed.
+    fn load_check(&self) -> Option<Arc<dyn adjoint_runtime::vm::NativeKernel>> {
+        let lt = self.load_types.as_ref()?;
+        let answered = lt.answered.lock().unwrap_or_else(|e| e.into_inner());
+        let expected: HashMap<String, TypeOf> = answered
+            .iter()
+            .filter_map(|(p, t)| Some((p.clone(), t.clone()?)))
+            .collect();
+        if expected.is_empty() {
+            return None;
+        }
+        Some(Arc::new(LoadCheck { expected }))
     }
 
     pub fn function(&self, name: &str) -> Option<GraphId> {
@@ -143,23 +233,31 @@ impl Program {
         let opts = crate::opt::Options {
             internal_files: self.lowered.stdlib_files.iter().map(|f| f.0).collect(),
             entry,
+            load_type: self.load_type_fn().map(crate::opt::LoadType),
             ..crate::opt::Options::default()
         };
         let stats = crate::opt::optimize(&mut m, roots, &opts);
         (m, stats)
     }
 
-    /// Fusion of the optimised module `m` reached from `entry`: needs its
-    /// types; when inference cannot give them, there is no plan and
-    /// everything runs on the reference kernels.
+    /// Fusion of the optimised module `m` reached from `entry`. Element-wise
+    /// kernels need its types; when inference cannot give them, only the
+    /// matrix products of transposes (which need none) are planned.
     pub fn fusion_plan(&self, m: &crate::ir::Module, entry: GraphId) -> Option<crate::fuse::Plan> {
+        let load_type = self.load_type_fn();
         let opts = crate::infer::InferOptions {
             only_taken_branches: true,
+            load_type: load_type.as_deref(),
             ..Default::default()
         };
-        let types =
-            crate::infer::infer_module_with(m, entry, &self.entry_args(entry), &opts).ok()?;
-        Some(crate::fuse::plan(m, &[entry], &types))
+        let types = crate::infer::infer_module_with(m, entry, &self.entry_args(entry), &opts)
+            .map_err(|e| {
+                if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
+                    eprintln!("fuse: inference of the optimised module failed: {e}");
+                }
+            })
+            .ok();
+        Some(crate::fuse::plan(m, &[entry], types.as_ref()))
     }
 
     /// The abstract arguments of an entry function: the IO token for one
@@ -198,7 +296,10 @@ impl Program {
                         )]);
                     }
                 }
-                let plan = self.fusion_plan(&m, main);
+                let mut plan = self.fusion_plan(&m, main);
+                if let Some(p) = plan.as_mut() {
+                    p.load_check = self.load_check();
+                }
                 if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
                     for line in plan.iter().flat_map(|p| p.describe()) {
                         eprintln!("fused: {line}");
@@ -255,6 +356,38 @@ impl Program {
                 &self.lowered.stdlib_files,
             )]),
         }
+    }
+}
+
+/// Checks that `load_npy` of a path gives the type graph mode compiled the
+/// program for (the file may have changed since): a native instruction
+/// after each load, taking the load's result and path.
+struct LoadCheck {
+    expected: HashMap<String, TypeOf>,
+}
+
+impl adjoint_runtime::vm::NativeKernel for LoadCheck {
+    fn name(&self) -> &str {
+        "load_check"
+    }
+
+    fn call(&self, args: &[Value]) -> Result<Value, adjoint_runtime::RtError> {
+        if let (Some(Value::Tuple(items)), Some(Value::Str(path))) = (args.first(), args.get(1)) {
+            if let (Some(Value::Tensor(t)), Some((d, shape))) =
+                (items.get(1), self.expected.get(&**path))
+            {
+                if t.dtype() != *d || t.shape() != shape.as_slice() {
+                    let want = adjoint_runtime::TensorTy::new(*d, shape);
+                    return Err(adjoint_runtime::RtError::new(format!(
+                        "load_npy: {path:?} holds {} now, but {want} when the program was compiled",
+                        t.type_string()
+                    )));
+                }
+            }
+        }
+        args.first()
+            .cloned()
+            .ok_or_else(|| adjoint_runtime::RtError::internal("load_check without a value"))
     }
 }
 

@@ -13,7 +13,7 @@
 //! - [`kernels`]: one reference kernel per primitive, by name
 //!   ([`kernels::lookup`]);
 //! - [`value`]: run-time values; [`error`]: [`RtError`];
-//! - [`vm`]: the virtual machine.
+//! - [`vm`]: the virtual machine; [`memory`]: allocator settings.
 //!
 //! Calling a kernel directly:
 //!
@@ -48,6 +48,7 @@ pub mod dtype;
 pub mod error;
 pub mod format;
 pub mod kernels;
+pub mod memory;
 pub mod shape;
 pub mod tensor;
 pub mod value;

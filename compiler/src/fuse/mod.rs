@@ -17,6 +17,18 @@
 //! `min`, `prod`) of a group's only result closes the group. Groups over
 //! fewer than [`MIN_ELEMENTS`] elements are left to the reference kernels:
 //! for small tensors a call costs more than it saves.
+//!
+//! A kernel may also *recompute* a node from outside the group instead of
+//! reading its value: the comparison that is a `where`'s condition (a bool
+//! tensor cannot be a kernel input; the kernel compares the comparison's
+//! operands itself), `zeros_like` / `ones_like` (constants), and views
+//! (`broadcast_to`, `reshape`, `expand_dims`, `squeeze`: read from the
+//! viewed tensor's buffer through strides). Matrix products of a
+//! transpose in the same graph ([`matmul`]) are groups too, and recompute
+//! the transpose by reading its operand in place. A recomputed node that
+//! nothing else uses is *absorbed*: exec does not emit it.
+
+pub mod matmul;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -48,7 +60,12 @@ pub struct Group {
     pub inputs: Vec<NodeId>,
     /// Members used outside the group, in the kernel's output order.
     pub outputs: Vec<NodeId>,
-    pub kernel: Arc<FusedKernel>,
+    /// Nodes outside the group that the kernel computes itself from their
+    /// operands (which are among `inputs`) instead of reading them.
+    pub recomputed: Vec<NodeId>,
+    pub kernel: Arc<dyn NativeKernel>,
+    /// What the kernel does, for `--stage kernels`.
+    pub description: String,
 }
 
 /// What fusion decided for a module.
@@ -57,6 +74,12 @@ pub struct Plan {
     pub groups: Vec<Group>,
     /// Member node → its group's index.
     pub member_of: HashMap<NodeId, usize>,
+    /// Recomputed nodes used by nothing but the groups that recompute
+    /// them: not computed on their own.
+    pub absorbed: HashSet<NodeId>,
+    /// Run after every `load_npy` with its result and path: checks the
+    /// data has the type the program was specialised to.
+    pub load_check: Option<Arc<dyn NativeKernel>>,
 }
 
 impl Plan {
@@ -65,22 +88,7 @@ impl Plan {
         self.groups
             .iter()
             .enumerate()
-            .map(|(i, g)| {
-                let spec = g.kernel.kernel.spec();
-                format!(
-                    "kernel {i} in @{}: {} over {:?} {}{}: {} inputs, {} outputs",
-                    g.graph_name,
-                    g.kernel.name,
-                    spec.shape,
-                    spec.dtype.name(),
-                    spec.reduce
-                        .as_ref()
-                        .map(|r| format!(", then {} over {:?}", r.op.name(), r.axes))
-                        .unwrap_or_default(),
-                    g.inputs.len(),
-                    g.outputs.len()
-                )
-            })
+            .map(|(i, g)| format!("kernel {i} in @{}: {}", g.graph_name, g.description))
             .collect()
     }
 }
@@ -159,13 +167,33 @@ impl FusedKernel {
                     .ok_or_else(|| RtError::internal("fused kernel: bad buffer"))
             })
             .collect::<Result<_, _>>()?;
-        let mut bufs: Vec<Vec<T>> = (0..self.n_outputs).map(|_| vec![T::default(); n]).collect();
-        {
+        let fail =
+            |e: crate::codegen::cpu::CodegenError| RtError::internal(format!("{}: {e}", self.name));
+        let bufs: Vec<Vec<T>> = if self.kernel.spec().reduce.is_none() {
+            // A map kernel writes every output element: no need to fill
+            // the buffers first.
+            let mut bufs: Vec<Vec<T>> =
+                (0..self.n_outputs).map(|_| Vec::with_capacity(n)).collect();
+            {
+                let mut outs: Vec<&mut [std::mem::MaybeUninit<T>]> = bufs
+                    .iter_mut()
+                    .map(|b| &mut b.spare_capacity_mut()[..n])
+                    .collect();
+                self.kernel.run_uninit(&ins, &mut outs).map_err(fail)?;
+            }
+            for b in &mut bufs {
+                // SAFETY: `run_uninit` succeeded, so the kernel wrote all
+                // `n` elements of every output.
+                unsafe { b.set_len(n) };
+            }
+            bufs
+        } else {
+            let mut bufs: Vec<Vec<T>> =
+                (0..self.n_outputs).map(|_| vec![T::default(); n]).collect();
             let mut outs: Vec<&mut [T]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-            self.kernel
-                .run(&ins, &mut outs)
-                .map_err(|e| RtError::internal(format!("{}: {e}", self.name)))?;
-        }
+            self.kernel.run(&ins, &mut outs).map_err(fail)?;
+            bufs
+        };
         bufs.into_iter()
             .map(|b| Tensor::from_vec(b, &self.out_shape))
             .collect()
@@ -207,7 +235,9 @@ fn op_of(p: Prim) -> Option<Op> {
 
 fn reduce_of(p: Prim) -> Option<ReduceOp> {
     match p {
-        Prim::Sum => Some(ReduceOp::Sum),
+        // sum_to(x, like): a sum over the axes broadcasting added or
+        // stretched (from the static shapes).
+        Prim::Sum | Prim::SumTo => Some(ReduceOp::Sum),
         Prim::Max => Some(ReduceOp::Max),
         Prim::Min => Some(ReduceOp::Min),
         Prim::Prod => Some(ReduceOp::Prod),
@@ -226,7 +256,9 @@ struct Forming {
 
 /// Decides the groups of the graphs reachable from `roots` and compiles
 /// their kernels. A group whose kernel does not compile is left out.
-pub fn plan(m: &Module, roots: &[GraphId], types: &Types) -> Plan {
+/// Element-wise groups need the module's types; without them only the
+/// matrix products of transposes are planned.
+pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
     let fv = free_variables(m);
     let graphs = reachable_graphs(m, roots);
     // Uses of every node: applications, graph outputs, captures.
@@ -247,113 +279,338 @@ pub fn plan(m: &Module, roots: &[GraphId], types: &Types) -> Plan {
     let mut plan = Plan::default();
     for g in &graphs {
         let body = graph_body_with(m, *g, &fv);
-        let mut forming: Vec<Forming> = Vec::new();
-        // Union-find over group ids: merged groups point to the survivor.
-        let mut parent: Vec<usize> = Vec::new();
-        let mut group_of: HashMap<NodeId, usize> = HashMap::new();
-        // The groups each node depends on through nodes outside them.
-        let mut depends: HashMap<NodeId, HashSet<usize>> = HashMap::new();
-        for &n in &body {
-            let ins = &m.inputs(n)[1..];
-            let gview: HashMap<NodeId, usize> = ins
-                .iter()
-                .filter_map(|i| group_of.get(i).map(|g| (*i, find(&parent, *g))))
-                .collect();
-            let joined = joinable(
-                m, types, n, ins, &gview, &depends, &parent, &forming, &users, &escapes,
-            );
-            if let Some(gi) = joined {
-                // Operands in other groups of the same kind merge in, when
-                // that makes no cycle.
-                let p = m.applied_prim(n).expect("a primitive");
-                if reduce_of(p).is_none() {
-                    for o in ins {
-                        let Some(&gj) = gview.get(o) else { continue };
-                        let gj = find(&parent, gj);
-                        let gi = find(&parent, gi);
-                        if gj == gi
-                            || forming[gj].reduce.is_some()
-                            || forming[gj].shape != forming[gi].shape
-                            || forming[gj].dtype != forming[gi].dtype
-                        {
-                            continue;
-                        }
-                        let cross = |a: usize, b: usize| {
-                            forming[a].members.iter().any(|mbr| {
-                                m.inputs(*mbr)[1..].iter().any(|x| {
-                                    group_of.get(x).map(|g| find(&parent, *g)) != Some(a)
-                                        && depends.get(x).is_some_and(|d| {
-                                            d.iter().any(|g| find(&parent, *g) == b)
-                                        })
-                                })
-                            })
-                        };
-                        if cross(gi, gj) || cross(gj, gi) {
-                            continue;
-                        }
-                        let moved = std::mem::take(&mut forming[gj].members);
-                        forming[gi].members.extend(moved);
-                        parent[gj] = gi;
-                    }
-                }
-                let gi = find(&parent, gi);
-                forming[gi].members.push(n);
-                if reduce_of(p).is_some() {
-                    forming[gi].reduce = Some(n);
-                }
-                group_of.insert(n, gi);
-            } else if let Some((shape, dtype)) = starts_group(m, types, n) {
-                forming.push(Forming {
-                    graph: *g,
-                    members: vec![n],
-                    shape,
-                    dtype,
-                    reduce: None,
-                });
-                parent.push(forming.len() - 1);
-                let gi = forming.len() - 1;
-                if reduce_of(m.applied_prim(n).expect("a primitive")).is_some() {
-                    forming[gi].reduce = Some(n);
-                }
-                group_of.insert(n, gi);
-            }
-            let mut dep: HashSet<usize> = HashSet::new();
-            for i in ins {
-                if let Some(d) = depends.get(i) {
-                    dep.extend(d.iter().map(|g| find(&parent, *g)));
-                }
-                if let Some(gi) = group_of.get(i) {
-                    dep.insert(find(&parent, *gi));
-                }
-            }
-            if let Some(gi) = group_of.get(&n) {
-                dep.remove(&find(&parent, *gi));
-            }
-            depends.insert(n, dep);
+        if let Some(types) = types {
+            let cx = Cx {
+                m,
+                types,
+                graph: *g,
+            };
+            elementwise_groups(&cx, &body, &users, &escapes, &mut plan);
         }
-        let pos: HashMap<NodeId, usize> = body.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-        for f in &mut forming {
-            f.members.sort_by_key(|n| pos[n]);
+        matmul_groups(m, *g, &body, &mut plan);
+    }
+    // Recomputed nodes that only their recomputing groups use.
+    let mut recomputed_by: HashMap<NodeId, HashSet<usize>> = HashMap::new();
+    for (gi, group) in plan.groups.iter().enumerate() {
+        for &r in &group.recomputed {
+            recomputed_by.entry(r).or_default().insert(gi);
         }
-        for f in forming {
-            if f.members.is_empty() {
-                continue;
-            }
-            if let Some(group) = build(m, types, f, &users, &escapes) {
-                let gi = plan.groups.len();
-                for &mbr in &group.members {
-                    plan.member_of.insert(mbr, gi);
-                }
-                plan.groups.push(group);
-            }
+    }
+    for (r, gs) in recomputed_by {
+        if escapes.contains(&r) || plan.member_of.contains_key(&r) {
+            continue;
+        }
+        let only = users.get(&r).is_none_or(|us| {
+            us.iter()
+                .all(|u| plan.member_of.get(u).is_some_and(|gi| gs.contains(gi)))
+        });
+        if only {
+            plan.absorbed.insert(r);
         }
     }
     plan
 }
 
+/// A matrix product of a transpose made in the same graph: one kernel
+/// that reads the transpose's operand in place.
+fn matmul_groups(m: &Module, g: GraphId, body: &[NodeId], plan: &mut Plan) {
+    use matmul::{MatmulKernel, View};
+    for &n in body {
+        if m.applied_prim(n) != Some(Prim::Matmul) || plan.member_of.contains_key(&n) {
+            continue;
+        }
+        let ins = &m.inputs(n)[1..];
+        if ins.len() != 2 {
+            continue;
+        }
+        let view = |x: NodeId| -> View {
+            if m.node(x).graph != Some(g) {
+                return View::Plain;
+            }
+            View::of(m, x).unwrap_or(View::Plain)
+        };
+        let (va, vb) = (view(ins[0]), view(ins[1]));
+        if va == View::Plain && vb == View::Plain {
+            continue;
+        }
+        let mut inputs = Vec::new();
+        let mut recomputed = Vec::new();
+        for (x, v) in [(ins[0], va), (ins[1], vb)] {
+            if v == View::Plain {
+                inputs.push(x);
+            } else {
+                inputs.extend_from_slice(&m.inputs(x)[1..]);
+                recomputed.push(x);
+            }
+        }
+        let kernel = MatmulKernel::new(va, vb);
+        debug_assert_eq!(kernel.arity(), inputs.len());
+        let description = format!(
+            "{}: {} inputs, 1 outputs",
+            adjoint_runtime::vm::NativeKernel::name(&kernel),
+            inputs.len()
+        );
+        let gi = plan.groups.len();
+        plan.member_of.insert(n, gi);
+        plan.groups.push(Group {
+            graph: g,
+            graph_name: m.graph(g).name.clone(),
+            members: vec![n],
+            inputs,
+            outputs: vec![n],
+            recomputed,
+            kernel: Arc::new(kernel),
+            description,
+        });
+    }
+}
+
+/// What the element-wise grouping of one graph reads.
+struct Cx<'a> {
+    m: &'a Module,
+    types: &'a Types,
+    graph: GraphId,
+}
+
+impl Cx<'_> {
+    /// The comparison `c` when a kernel of `dtype` over `shape` can compute
+    /// it from its operands (as the condition of a `where`): a comparison
+    /// in this graph of two operands readable as inputs, computed in
+    /// `dtype`. Returns its operation and operands.
+    fn condition(
+        &self,
+        c: NodeId,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Option<(BinaryOp, NodeId, NodeId)> {
+        let m = self.m;
+        if m.node(c).graph != Some(self.graph) {
+            return None;
+        }
+        let Op::Binary(op) = op_of(m.applied_prim(c)?)? else {
+            return None;
+        };
+        if !op.is_comparison() {
+            return None;
+        }
+        let ins = &m.inputs(c)[1..];
+        let (a, b) = (ins[0], ins[1]);
+        // At least one operand is a (non-weak) tensor of the kernel's
+        // dtype, so the reference kernel compares in that dtype too.
+        let strong =
+            |o: NodeId| tensor_type(self.types, o).is_some_and(|(_, d, weak)| d == dtype && !weak);
+        if !(strong(a) || strong(b)) {
+            return None;
+        }
+        let (cs, _, _) = tensor_type(self.types, c)?;
+        InputSpec::broadcast(&cs, shape)?;
+        let readable = |o: NodeId| {
+            matches!(m.as_const(o), Some(Const::Float(_) | Const::Int(_)))
+                || tensor_type(self.types, o).is_some_and(|(s, d, weak)| {
+                    (d == dtype || weak) && InputSpec::broadcast(&s, shape).is_some()
+                })
+        };
+        (readable(a) && readable(b)).then_some((op, a, b))
+    }
+
+    /// The constant value of `o` in a kernel of `dtype` over `shape`, when
+    /// it is `zeros_like` / `ones_like` in this graph with that dtype.
+    fn constant(&self, o: NodeId, shape: &[usize], dtype: DType) -> Option<f64> {
+        let m = self.m;
+        if m.node(o).graph != Some(self.graph) {
+            return None;
+        }
+        let v = match m.applied_prim(o)? {
+            Prim::ZerosLike => 0.0,
+            Prim::OnesLike => 1.0,
+            _ => return None,
+        };
+        let (s, d, _) = tensor_type(self.types, o)?;
+        (d == dtype && InputSpec::broadcast(&s, shape).is_some()).then_some(v)
+    }
+
+    /// When `o` is a chain of views of a tensor `x` in this graph — any
+    /// `broadcast_to`s of any `reshape` / `expand_dims` / `squeeze`s, none
+    /// of which moves an element in row-major order — that a kernel over
+    /// `shape` in `dtype` can read straight from `x`'s buffer: `x`, its
+    /// shape, the strides to read it with, and the view nodes.
+    fn view_of(
+        &self,
+        o: NodeId,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Option<(NodeId, Vec<usize>, InputSpec, Vec<NodeId>)> {
+        let m = self.m;
+        let in_graph = |n: NodeId| m.node(n).graph == Some(self.graph);
+        let typed =
+            |n: NodeId| tensor_type(self.types, n).filter(|(_, d, weak)| *d == dtype && !weak);
+        let mut views = Vec::new();
+        let mut cur = o;
+        while in_graph(cur) && m.applied_prim(cur) == Some(Prim::BroadcastTo) {
+            let x = m.inputs(cur)[1];
+            typed(x)?;
+            views.push(cur);
+            cur = x;
+        }
+        // The logical shape the strides come from: contiguous data.
+        let (logical, _, _) = typed(cur)?;
+        while in_graph(cur)
+            && matches!(
+                m.applied_prim(cur),
+                Some(Prim::Reshape | Prim::ExpandDims | Prim::Squeeze)
+            )
+        {
+            let x = m.inputs(cur)[1];
+            typed(x)?;
+            views.push(cur);
+            cur = x;
+        }
+        if views.is_empty() {
+            return None;
+        }
+        let (xs, _, _) = typed(cur)?;
+        let spec = InputSpec::broadcast(&logical, shape)?;
+        Some((cur, xs, spec, views))
+    }
+
+    /// The operands a member reads for dependence purposes: a `where`'s
+    /// recomputed condition stands for the comparison's operands.
+    fn operands(&self, n: NodeId, shape: &[usize], dtype: DType) -> Vec<NodeId> {
+        let m = self.m;
+        let ins = &m.inputs(n)[1..];
+        if m.applied_prim(n) == Some(Prim::Where) && ins.len() == 3 {
+            if let Some((_, a, b)) = self.condition(ins[0], shape, dtype) {
+                return vec![a, b, ins[1], ins[2]];
+            }
+        }
+        ins.to_vec()
+    }
+}
+
+fn elementwise_groups(
+    cx: &Cx,
+    body: &[NodeId],
+    users: &HashMap<NodeId, Vec<NodeId>>,
+    escapes: &HashSet<NodeId>,
+    plan: &mut Plan,
+) {
+    let m = cx.m;
+    let types = cx.types;
+    let mut forming: Vec<Forming> = Vec::new();
+    // Union-find over group ids: merged groups point to the survivor.
+    let mut parent: Vec<usize> = Vec::new();
+    let mut group_of: HashMap<NodeId, usize> = HashMap::new();
+    // The groups each node depends on through nodes outside them.
+    let mut depends: HashMap<NodeId, HashSet<usize>> = HashMap::new();
+    for &n in body {
+        let real = &m.inputs(n)[1..];
+        let ins: Vec<NodeId> = match tensor_type(types, n) {
+            Some((shape, dtype, _)) => cx.operands(n, &shape, dtype),
+            None => real.to_vec(),
+        };
+        let ins = &ins[..];
+        let gview: HashMap<NodeId, usize> = ins
+            .iter()
+            .filter_map(|i| group_of.get(i).map(|g| (*i, find(&parent, *g))))
+            .collect();
+        let joined = joinable(
+            cx, n, ins, &gview, &depends, &parent, &forming, users, escapes,
+        );
+        if let Some(gi) = joined {
+            // Operands in other groups of the same kind merge in, when
+            // that makes no cycle.
+            let p = m.applied_prim(n).expect("a primitive");
+            if reduce_of(p).is_none() {
+                for o in ins {
+                    let Some(&gj) = gview.get(o) else { continue };
+                    let gj = find(&parent, gj);
+                    let gi = find(&parent, gi);
+                    if gj == gi
+                        || forming[gj].reduce.is_some()
+                        || forming[gj].shape != forming[gi].shape
+                        || forming[gj].dtype != forming[gi].dtype
+                    {
+                        continue;
+                    }
+                    let cross = |a: usize, b: usize| {
+                        forming[a].members.iter().any(|mbr| {
+                            cx.operands(*mbr, &forming[a].shape, forming[a].dtype)
+                                .iter()
+                                .any(|x| {
+                                    group_of.get(x).map(|g| find(&parent, *g)) != Some(a)
+                                        && depends.get(x).is_some_and(|d| {
+                                            d.iter().any(|g| find(&parent, *g) == b)
+                                        })
+                                })
+                        })
+                    };
+                    if cross(gi, gj) || cross(gj, gi) {
+                        continue;
+                    }
+                    let moved = std::mem::take(&mut forming[gj].members);
+                    forming[gi].members.extend(moved);
+                    parent[gj] = gi;
+                }
+            }
+            let gi = find(&parent, gi);
+            forming[gi].members.push(n);
+            if reduce_of(p).is_some() {
+                forming[gi].reduce = Some(n);
+            }
+            group_of.insert(n, gi);
+        } else if let Some((shape, dtype)) = starts_group(cx, n) {
+            forming.push(Forming {
+                graph: cx.graph,
+                members: vec![n],
+                shape,
+                dtype,
+                reduce: None,
+            });
+            parent.push(forming.len() - 1);
+            let gi = forming.len() - 1;
+            if reduce_of(m.applied_prim(n).expect("a primitive")).is_some() {
+                forming[gi].reduce = Some(n);
+            }
+            group_of.insert(n, gi);
+        }
+        let mut dep: HashSet<usize> = HashSet::new();
+        for i in real.iter().chain(ins) {
+            if let Some(d) = depends.get(i) {
+                dep.extend(d.iter().map(|g| find(&parent, *g)));
+            }
+            if let Some(gi) = group_of.get(i) {
+                dep.insert(find(&parent, *gi));
+            }
+        }
+        if let Some(gi) = group_of.get(&n) {
+            dep.remove(&find(&parent, *gi));
+        }
+        depends.insert(n, dep);
+    }
+    let pos: HashMap<NodeId, usize> = body.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    for f in &mut forming {
+        f.members.sort_by_key(|n| pos[n]);
+    }
+    for f in forming {
+        if f.members.is_empty() {
+            continue;
+        }
+        if let Some(group) = build(cx, f, users, escapes) {
+            let gi = plan.groups.len();
+            for &mbr in &group.members {
+                plan.member_of.insert(mbr, gi);
+            }
+            plan.groups.push(group);
+        }
+    }
+}
+
 /// Whether `n` can start a group: an element-wise operation (or a
-/// reduction) producing a float tensor of a static shape.
-fn starts_group(m: &Module, types: &Types, n: NodeId) -> Option<(Vec<usize>, DType)> {
+/// reduction) producing a float tensor of a static shape. Comparisons do
+/// not (their bool result cannot leave a kernel); a `where` whose
+/// condition the kernel can recompute does.
+fn starts_group(cx: &Cx, n: NodeId) -> Option<(Vec<usize>, DType)> {
+    let (m, types) = (cx.m, cx.types);
     let p = m.applied_prim(n)?;
     let ins = &m.inputs(n)[1..];
     if let Some(_r) = reduce_of(p) {
@@ -363,13 +620,13 @@ fn starts_group(m: &Module, types: &Types, n: NodeId) -> Option<(Vec<usize>, DTy
     }
     let op = op_of(p)?;
     let (shape, dtype, _) = tensor_type(types, n)?;
-    let dtype = match op {
-        // A comparison is computed in its operands' dtype.
-        Op::Binary(b) if b.is_comparison() => tensor_type(types, ins[0])?.1,
-        // The condition of a select must come from inside the group.
-        Op::Select => return None,
-        _ => dtype,
-    };
+    match op {
+        Op::Binary(b) if b.is_comparison() => return None,
+        Op::Select => {
+            cx.condition(ins[0], &shape, dtype)?;
+        }
+        _ => {}
+    }
     kdtype(dtype)?;
     if shape.is_empty() {
         return None;
@@ -385,11 +642,11 @@ fn find(parent: &[usize], mut g: usize) -> usize {
 }
 
 /// The group `n` may join, if any (`group_of` maps its operands to their
-/// groups' current ids).
+/// groups' current ids; `ins` are its operands as [`Cx::operands`] gives
+/// them).
 #[allow(clippy::too_many_arguments)]
 fn joinable(
-    m: &Module,
-    types: &Types,
+    cx: &Cx,
     n: NodeId,
     ins: &[NodeId],
     group_of: &HashMap<NodeId, usize>,
@@ -399,12 +656,17 @@ fn joinable(
     users: &HashMap<NodeId, Vec<NodeId>>,
     escapes: &HashSet<NodeId>,
 ) -> Option<usize> {
+    let (m, types) = (cx.m, cx.types);
     let p = m.applied_prim(n)?;
     let is_reduce = reduce_of(p).is_some();
     if !is_reduce {
-        op_of(p)?;
+        match op_of(p)? {
+            Op::Binary(b) if b.is_comparison() => return None,
+            _ => {}
+        }
     }
     let (shape, dtype, _) = tensor_type(types, n)?;
+    let real = &m.inputs(n)[1..];
     for (k, i) in ins.iter().enumerate() {
         let Some(&gi) = group_of.get(i) else {
             continue;
@@ -431,20 +693,18 @@ fn joinable(
                 continue;
             }
         } else {
-            let compute = match op_of(p)? {
-                Op::Binary(b) if b.is_comparison() => tensor_type(types, ins[0])?.1,
-                _ => dtype,
-            };
-            if shape != f.shape || compute != f.dtype {
+            if shape != f.shape || dtype != f.dtype {
                 continue;
             }
-            if matches!(op_of(p)?, Op::Select) && group_of.get(&ins[0]) != Some(&gi) {
+            if matches!(op_of(p)?, Op::Select) && cx.condition(real[0], &f.shape, f.dtype).is_none()
+            {
                 continue;
             }
         }
         // No other operand may depend on this group.
         let cycle = ins.iter().any(|o| {
             group_of.get(o) != Some(&gi)
+                && cx.constant(*o, &f.shape, f.dtype).is_none()
                 && depends
                     .get(o)
                     .is_some_and(|d| d.iter().any(|g| find(parent, *g) == gi))
@@ -457,7 +717,7 @@ fn joinable(
             if group_of.get(o) == Some(&gi) || (is_reduce && j > 0) {
                 return true;
             }
-            input_ok(m, types, *o, &f.shape, f.dtype)
+            input_ok(cx, *o, &f.shape, f.dtype)
         });
         if ok {
             return Some(gi);
@@ -475,11 +735,14 @@ fn group_of_any(n: NodeId, forming: &[Forming], parent: &[usize]) -> Option<usiz
 }
 
 /// Whether `o` can be read by a kernel over `shape` in `dtype`.
-fn input_ok(m: &Module, types: &Types, o: NodeId, shape: &[usize], dtype: DType) -> bool {
-    if matches!(m.as_const(o), Some(Const::Float(_) | Const::Int(_))) {
+fn input_ok(cx: &Cx, o: NodeId, shape: &[usize], dtype: DType) -> bool {
+    if matches!(cx.m.as_const(o), Some(Const::Float(_) | Const::Int(_))) {
         return true;
     }
-    match tensor_type(types, o) {
+    if cx.constant(o, shape, dtype).is_some() {
+        return true;
+    }
+    match tensor_type(cx.types, o) {
         Some((s, d, weak)) => {
             (d == dtype || (weak && d.is_numeric())) && InputSpec::broadcast(&s, shape).is_some()
         }
@@ -487,53 +750,95 @@ fn input_ok(m: &Module, types: &Types, o: NodeId, shape: &[usize], dtype: DType)
     }
 }
 
+/// A kernel body while it is being built.
+#[derive(Default)]
+struct KernelBuilder {
+    body: Vec<KExpr>,
+    id_of: HashMap<NodeId, KId>,
+    /// Values read by the kernel, their access and their types.
+    inputs: Vec<NodeId>,
+    input_specs: Vec<InputSpec>,
+    input_types: Vec<(Vec<usize>, DType)>,
+    recomputed: Vec<NodeId>,
+}
+
+impl KernelBuilder {
+    fn push(&mut self, e: KExpr) -> KId {
+        self.body.push(e);
+        KId(self.body.len() as u32 - 1)
+    }
+
+    /// The body value of operand `o` of a member: an earlier value, a
+    /// constant, or a new input.
+    fn operand(&mut self, cx: &Cx, f: &Forming, o: NodeId) -> Option<KId> {
+        if let Some(id) = self.id_of.get(&o) {
+            return Some(*id);
+        }
+        match cx.m.as_const(o) {
+            Some(Const::Float(x)) => return Some(self.push(KExpr::Const(*x))),
+            Some(Const::Int(x)) => return Some(self.push(KExpr::Const(*x as f64))),
+            _ => {}
+        }
+        if let Some(v) = cx.constant(o, &f.shape, f.dtype) {
+            self.recomputed.push(o);
+            let id = self.push(KExpr::Const(v));
+            self.id_of.insert(o, id);
+            return Some(id);
+        }
+        let (s, d, _) = tensor_type(cx.types, o)?;
+        let spec = InputSpec::broadcast(&s, &f.shape)?;
+        // A broadcast or reshape of a tensor is read from that tensor's
+        // buffer through strides, without the copy.
+        let (x, s, spec, views) = match cx.view_of(o, &f.shape, f.dtype) {
+            Some((x, xs, spec, views)) => (x, xs, spec, views),
+            None => (o, s, spec, Vec::new()),
+        };
+        self.recomputed.extend(views);
+        self.inputs.push(x);
+        self.input_specs.push(spec);
+        self.input_types.push((s, d));
+        let id = self.push(KExpr::Input(self.inputs.len() - 1));
+        self.id_of.insert(o, id);
+        Some(id)
+    }
+}
+
 /// Builds and compiles the kernel of a formed group.
 fn build(
-    m: &Module,
-    types: &Types,
+    cx: &Cx,
     f: Forming,
     users: &HashMap<NodeId, Vec<NodeId>>,
     escapes: &HashSet<NodeId>,
 ) -> Option<Group> {
+    let (m, types) = (cx.m, cx.types);
     if f.shape.iter().product::<usize>() < MIN_ELEMENTS {
         return None;
     }
     let members: HashSet<NodeId> = f.members.iter().copied().collect();
-    let mut body: Vec<KExpr> = Vec::new();
-    let mut id_of: HashMap<NodeId, KId> = HashMap::new();
-    let mut inputs: Vec<NodeId> = Vec::new();
-    let mut input_specs: Vec<InputSpec> = Vec::new();
-    let mut input_types: Vec<(Vec<usize>, DType)> = Vec::new();
-    let push = |body: &mut Vec<KExpr>, e: KExpr| -> KId {
-        body.push(e);
-        KId(body.len() as u32 - 1)
-    };
+    let mut k = KernelBuilder::default();
     let mut reduce = None;
     for &n in &f.members {
         let p = m.applied_prim(n)?;
         let ins = &m.inputs(n)[1..];
-        let mut operand = |o: NodeId, body: &mut Vec<KExpr>| -> Option<KId> {
-            if let Some(id) = id_of.get(&o) {
-                return Some(*id);
-            }
-            match m.as_const(o) {
-                Some(Const::Float(x)) => return Some(push(body, KExpr::Const(*x))),
-                Some(Const::Int(x)) => return Some(push(body, KExpr::Const(*x as f64))),
-                _ => {}
-            }
-            let (s, d, _) = tensor_type(types, o)?;
-            let spec = InputSpec::broadcast(&s, &f.shape)?;
-            inputs.push(o);
-            input_specs.push(spec);
-            input_types.push((s, d));
-            let id = push(body, KExpr::Input(inputs.len() - 1));
-            id_of.insert(o, id);
-            Some(id)
-        };
         if let Some(op) = reduce_of(p) {
-            let x = operand(ins[0], &mut body)?;
-            id_of.insert(n, x);
+            let x = k.operand(cx, &f, ins[0])?;
+            k.id_of.insert(n, x);
             let rank = f.shape.len();
+            if p == Prim::SumTo {
+                let (like, _, _) = tensor_type(types, ins[1])?;
+                let axes = sum_to_axes(&f.shape, &like)?;
+                // The result has `like`'s shape: the kept axes in order,
+                // the same row-major data as keeping every axis.
+                reduce = Some((
+                    n,
+                    ReduceSpec {
+                        op,
+                        axes,
+                        keepdims: true,
+                    },
+                ));
+                continue;
+            }
             let axes: Vec<usize> = match m.as_const(ins[1]) {
                 Some(Const::Unit) => (0..rank).collect(),
                 Some(Const::Int(a)) => vec![norm_axis(*a, rank)?],
@@ -554,24 +859,43 @@ fn build(
             continue;
         }
         let e = match op_of(p)? {
-            Op::Unary(u) => KExpr::Unary(u, operand(ins[0], &mut body)?),
+            Op::Unary(u) => KExpr::Unary(u, k.operand(cx, &f, ins[0])?),
             Op::Binary(b) => {
-                let a = operand(ins[0], &mut body)?;
-                let c = operand(ins[1], &mut body)?;
+                let a = k.operand(cx, &f, ins[0])?;
+                let c = k.operand(cx, &f, ins[1])?;
                 KExpr::Binary(b, a, c)
             }
             Op::Select => {
-                let c = operand(ins[0], &mut body)?;
-                let a = operand(ins[1], &mut body)?;
-                let b = operand(ins[2], &mut body)?;
+                let c = match k.id_of.get(&ins[0]) {
+                    Some(id) => *id,
+                    None => {
+                        let (op, x, y) = cx.condition(ins[0], &f.shape, f.dtype)?;
+                        let x = k.operand(cx, &f, x)?;
+                        let y = k.operand(cx, &f, y)?;
+                        let id = k.push(KExpr::Binary(op, x, y));
+                        k.id_of.insert(ins[0], id);
+                        k.recomputed.push(ins[0]);
+                        id
+                    }
+                };
+                let a = k.operand(cx, &f, ins[1])?;
+                let b = k.operand(cx, &f, ins[2])?;
                 KExpr::Select(c, a, b)
             }
         };
-        let id = push(&mut body, e);
-        id_of.insert(n, id);
+        let id = k.push(e);
+        k.id_of.insert(n, id);
     }
+    let KernelBuilder {
+        body,
+        id_of,
+        inputs,
+        input_specs,
+        input_types,
+        mut recomputed,
+    } = k;
     // Outputs: members used outside the group. They must be tensors of
-    // the kernel's dtype (a comparison's bool result cannot leave).
+    // the kernel's dtype.
     let mut outputs = Vec::new();
     let mut out_ids = Vec::new();
     let out_shape;
@@ -633,21 +957,54 @@ fn build(
         .iter()
         .filter_map(|n| m.applied_prim(*n).map(|p| p.name()))
         .collect();
+    let name = format!("fused[{}]", names.join(","));
+    let description = format!(
+        "{} over {:?} {}{}: {} inputs, {} outputs",
+        name,
+        spec.shape,
+        spec.dtype.name(),
+        spec.reduce
+            .as_ref()
+            .map(|r| format!(", then {} over {:?}", r.op.name(), r.axes))
+            .unwrap_or_default(),
+        inputs.len(),
+        outputs.len()
+    );
+    recomputed.sort();
+    recomputed.dedup();
     Some(Group {
         graph: f.graph,
         graph_name: m.graph(f.graph).name.clone(),
         members: f.members,
         inputs,
         outputs: outputs.clone(),
+        recomputed,
         kernel: Arc::new(FusedKernel {
             kernel,
-            name: format!("fused[{}]", names.join(",")),
+            name,
             input_types,
             dtype: f.dtype,
             out_shape,
             n_outputs: outputs.len(),
         }),
+        description,
     })
+}
+
+/// The axes `sum_to` of a tensor of shape `x` to shape `like` sums over:
+/// the leading axes `like` lacks and those where it has 1 and `x` not.
+/// `None` when `like` does not broadcast to `x` or nothing is summed.
+fn sum_to_axes(x: &[usize], like: &[usize]) -> Option<Vec<usize>> {
+    let lead = x.len().checked_sub(like.len())?;
+    let mut axes = Vec::new();
+    for (i, &d) in x.iter().enumerate() {
+        if i < lead || (like[i - lead] == 1 && d != 1) {
+            axes.push(i);
+        } else if like[i - lead] != d {
+            return None;
+        }
+    }
+    (!axes.is_empty()).then_some(axes)
 }
 
 fn norm_axis(a: i64, rank: usize) -> Option<usize> {

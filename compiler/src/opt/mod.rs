@@ -59,6 +59,19 @@ pub struct Options {
     pub entry: Option<(GraphId, Vec<crate::infer::AbsVal>)>,
     /// Typed passes at most.
     pub max_typed_passes: usize,
+    /// How the typed passes' inference types loaded data.
+    pub load_type: Option<LoadType>,
+}
+
+/// The types of loaded data for the typed passes (see
+/// [`crate::infer::LoadTypeFn`]).
+#[derive(Clone)]
+pub struct LoadType(pub std::sync::Arc<crate::infer::LoadTypeFn>);
+
+impl std::fmt::Debug for LoadType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoadType(..)")
+    }
 }
 
 impl Default for Options {
@@ -71,6 +84,7 @@ impl Default for Options {
             internal_files: Vec::new(),
             entry: None,
             max_typed_passes: 4,
+            load_type: None,
         }
     }
 }
@@ -186,6 +200,7 @@ fn typed_pass(
     // module all the same, the typed rewrites are skipped, not reported.
     let iopts = crate::infer::InferOptions {
         only_taken_branches: true,
+        load_type: opts.load_type.as_ref().map(|l| &*l.0),
         ..crate::infer::InferOptions::default()
     };
     let types = match crate::infer::infer_module_with(m, entry, args, &iopts) {

@@ -1,7 +1,8 @@
 //! Rewrites that need types: with every shape static after inference,
 //! queries of shapes fold to constants (so the rank tests in derivative
 //! rules fold, and the `switch`es on them), and reshapes, broadcasts and
-//! `sum_to`s that do not change a shape disappear.
+//! `sum_to`s that do not change a shape disappear. A `tree_map` over trees
+//! of known structure becomes the calls on its leaves.
 
 use super::Rewriter;
 use crate::infer::{AbsVal, Types};
@@ -93,11 +94,100 @@ impl Rewriter<'_> {
                     _ => None,
                 }
             }
+            // tree_map over trees of statically known, equal structure:
+            // the leafwise calls, which inlining then turns into code
+            // (and fusion into kernels).
+            Prim::TreeMap if inputs.len() >= 3 => self.unroll_tree_map(g, n, &inputs[1..], types),
             _ => None,
         };
         if let Some(by) = by {
             self.stats.simplified += 1;
             self.replace(g, n, by);
+        }
+    }
+
+    /// `tree_map(f, t, t2, ..)` (`args`) as records and tuples of calls
+    /// of `f` on the leaves, when every tree's type is known and they
+    /// have the first tree's structure down to its leaves, which are
+    /// tensors (so the run-time rules for symbolic zeros and prefix trees
+    /// do not come into play).
+    fn unroll_tree_map(
+        &mut self,
+        g: GraphId,
+        n: NodeId,
+        args: &[NodeId],
+        types: &Types,
+    ) -> Option<NodeId> {
+        /// At most this many leaves: each becomes a call to inline.
+        const MAX_LEAVES: usize = 256;
+        let f = self.resolve(args[0]);
+        let trees: Vec<NodeId> = args[1..].iter().map(|t| self.resolve(*t)).collect();
+        let tys: Vec<AbsVal> = trees
+            .iter()
+            .map(|t| types.value_of(*t))
+            .collect::<Option<_>>()?;
+        let mut leaves = 0;
+        if !same_structure(&tys, &mut leaves, MAX_LEAVES) {
+            return None;
+        }
+        let loc = self.m.node(n).loc;
+        Some(self.tree_map_calls(g, loc, f, &trees, &tys))
+    }
+
+    fn tree_map_calls(
+        &mut self,
+        g: GraphId,
+        loc: crate::ir::Loc,
+        f: NodeId,
+        trees: &[NodeId],
+        tys: &[AbsVal],
+    ) -> NodeId {
+        match &tys[0] {
+            AbsVal::Record(fields) => {
+                let mut parts = Vec::with_capacity(2 * fields.len());
+                for (i, (name, _)) in fields.iter().enumerate() {
+                    let key = self.m.add_const(Const::Str(name.clone()), loc);
+                    let subs: Vec<NodeId> = trees
+                        .iter()
+                        .map(|t| self.m.add_prim(g, Prim::RecordGet, &[*t, key], loc))
+                        .collect();
+                    let sub_tys: Vec<AbsVal> = tys
+                        .iter()
+                        .map(|t| match t {
+                            AbsVal::Record(fs) => fs[i].1.clone(),
+                            _ => unreachable!("checked by same_structure"),
+                        })
+                        .collect();
+                    parts.push(key);
+                    parts.push(self.tree_map_calls(g, loc, f, &subs, &sub_tys));
+                }
+                self.m.add_prim(g, Prim::MakeRecord, &parts, loc)
+            }
+            AbsVal::Tuple(items) => {
+                let mut parts = Vec::with_capacity(items.len());
+                for i in 0..items.len() {
+                    let key = self.m.add_const(Const::Int(i as i64), loc);
+                    let subs: Vec<NodeId> = trees
+                        .iter()
+                        .map(|t| self.m.add_prim(g, Prim::TupleGet, &[*t, key], loc))
+                        .collect();
+                    let sub_tys: Vec<AbsVal> = tys
+                        .iter()
+                        .map(|t| match t {
+                            AbsVal::Tuple(xs) => xs[i].clone(),
+                            _ => unreachable!("checked by same_structure"),
+                        })
+                        .collect();
+                    parts.push(self.tree_map_calls(g, loc, f, &subs, &sub_tys));
+                }
+                self.m.add_prim(g, Prim::MakeTuple, &parts, loc)
+            }
+            _ => {
+                let mut ins = Vec::with_capacity(trees.len() + 1);
+                ins.push(f);
+                ins.extend_from_slice(trees);
+                self.m.add_apply(g, ins, loc)
+            }
         }
     }
 
@@ -131,5 +221,56 @@ impl Rewriter<'_> {
             }
             _ => None,
         }
+    }
+}
+
+/// Whether the trees of types `tys` all have the first one's structure of
+/// records and tuples, with tensors at its leaves (at most `max` of them,
+/// counted in `leaves`).
+fn same_structure(tys: &[AbsVal], leaves: &mut usize, max: usize) -> bool {
+    match &tys[0] {
+        AbsVal::Record(fields) => {
+            type Fields = Vec<(std::sync::Arc<str>, AbsVal)>;
+            let subs: Option<Vec<&Fields>> = tys
+                .iter()
+                .map(|t| match t {
+                    AbsVal::Record(fs)
+                        if fs.len() == fields.len()
+                            && fs.iter().zip(fields).all(|(a, b)| a.0 == b.0) =>
+                    {
+                        Some(fs)
+                    }
+                    _ => None,
+                })
+                .collect();
+            let Some(subs) = subs else {
+                return false;
+            };
+            (0..fields.len()).all(|i| {
+                let sub: Vec<AbsVal> = subs.iter().map(|fs| fs[i].1.clone()).collect();
+                same_structure(&sub, leaves, max)
+            })
+        }
+        AbsVal::Tuple(items) => {
+            let subs: Option<Vec<&Vec<AbsVal>>> = tys
+                .iter()
+                .map(|t| match t {
+                    AbsVal::Tuple(xs) if xs.len() == items.len() => Some(xs),
+                    _ => None,
+                })
+                .collect();
+            let Some(subs) = subs else {
+                return false;
+            };
+            (0..items.len()).all(|i| {
+                let sub: Vec<AbsVal> = subs.iter().map(|xs| xs[i].clone()).collect();
+                same_structure(&sub, leaves, max)
+            })
+        }
+        AbsVal::Tensor(_) => {
+            *leaves += 1;
+            *leaves <= max
+        }
+        _ => false,
     }
 }

@@ -17,7 +17,7 @@ use super::map::binary;
 use super::num::Num;
 use super::reduce::{better, output_offsets};
 use super::shape::transpose_tensor;
-use super::strided::{broadcast_strides, broadcast_tensor, offsets, offsets_from, remap};
+use super::strided::{broadcast_strides, broadcast_tensor, fold_into, offsets_from, remap};
 use super::Ctx;
 use crate::error::RtError;
 use crate::shape::{self, IndexComp, TensorTy};
@@ -309,29 +309,19 @@ pub fn sum_to(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 fn sum_to_shape(x: &Tensor, out: &[usize]) -> Result<Tensor, RtError> {
     let n = shape::size(out);
     let st = broadcast_strides(out, x.shape());
-    let offs = offsets(x.shape(), &st);
+    let xs = x.shape();
     let buf = dispatch_numeric!(x.dtype(), T => {
         let src = typed::<T>(x)?;
         if T::DTYPE.is_float() {
-            let mut acc = vec![0.0f64; n];
-            for (&v, o) in src.iter().zip(offs) {
-                acc[o] += v.to_f64();
-            }
+            let acc = fold_into(src, xs, &st, n, 0.0f64, |a, v| a + v.to_f64());
             T::wrap(acc.into_iter().map(T::cast_from).collect())
         } else {
-            let mut acc = vec![0i64; n];
-            for (&v, o) in src.iter().zip(offs) {
-                acc[o] = acc[o].wrapping_add(v.to_i64());
-            }
+            let acc = fold_into(src, xs, &st, n, 0i64, |a, v| a.wrapping_add(v.to_i64()));
             T::wrap(acc.into_iter().map(T::cast_from).collect())
         }
     }, else {
         let src = typed::<bool>(x)?;
-        let mut acc = vec![false; n];
-        for (&v, o) in src.iter().zip(offs) {
-            acc[o] |= v;
-        }
-        bool::wrap(acc)
+        bool::wrap(fold_into(src, xs, &st, n, false, |a, v| a | v))
     });
     Ok(Tensor::new(buf, out)?.with_weak(x.weak))
 }

@@ -125,6 +125,45 @@ fn header_shape_overflows(bytes: &[u8]) -> bool {
     false
 }
 
+/// The dtype `load_npy` gives the data of an .npy type (`kind`, `size`).
+fn npy_dtype(kind: npyz::TypeChar, size: u64) -> Option<crate::DType> {
+    use crate::DType as D;
+    use npyz::TypeChar as C;
+    Some(match (kind, size) {
+        (C::Float, 4) => D::F32,
+        (C::Float, 8) => D::F64,
+        (C::Int, 1 | 2 | 4) | (C::Uint, 2) => D::I32,
+        (C::Int, 8) | (C::Uint, 4) => D::I64,
+        (C::Uint, 1) => D::U8,
+        (C::Bool, 1) => D::Bool,
+        _ => return None,
+    })
+}
+
+/// The dtype and shape of the tensor `load_npy` makes of an .npy file
+/// that starts with `prefix` (its header; the data need not follow), or
+/// `None` when the header does not tell (not an .npy header, an
+/// unsupported dtype, a shape too large). For compilers that specialise a
+/// program to the data it loads.
+pub fn npy_type(prefix: &[u8]) -> Option<(crate::DType, Vec<usize>)> {
+    if header_shape_overflows(prefix) {
+        return None;
+    }
+    let header = npyz::NpyHeader::from_reader(prefix).ok()?;
+    let npyz::DType::Plain(ts) = header.dtype() else {
+        return None;
+    };
+    let dtype = npy_dtype(ts.type_char(), ts.size_field())?;
+    let shape: Vec<usize> = header
+        .shape()
+        .iter()
+        .map(|&d| usize::try_from(d).ok())
+        .collect::<Option<_>>()?;
+    let n = crate::shape::checked_size(&shape)?;
+    crate::shape::check_alloc("load_npy", n).ok()?;
+    Some((dtype, shape))
+}
+
 /// Reads an .npy file's bytes into a tensor (C or Fortran order).
 fn npy_tensor(path: &str, bytes: &[u8]) -> Result<Tensor, RtError> {
     // npyz multiplies the header's dimensions without checking for
@@ -505,6 +544,22 @@ mod tests {
             let r = call("load_npy", &[Value::Io, Value::str(p.as_str())]);
             assert_eq!(r, Value::tuple(vec![Value::Io, v(t)]));
         }
+    }
+
+    #[test]
+    fn npy_types_from_headers() {
+        let path = tmp("types.npy");
+        let t = Tensor::from_vec(vec![1.0f64; 6], &[2, 3]).unwrap();
+        call("save_npy", &[Value::Io, Value::str(path.as_str()), v(t)]);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(npy_type(&bytes), Some((crate::DType::F64, vec![2, 3])));
+        // The header alone is enough; garbage is not a header.
+        assert_eq!(
+            npy_type(&bytes[..bytes.len() - 48]),
+            Some((crate::DType::F64, vec![2, 3]))
+        );
+        assert_eq!(npy_type(b"not an npy file"), None);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

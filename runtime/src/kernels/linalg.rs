@@ -17,38 +17,83 @@ use crate::{dispatch_numeric, dtype};
 /// Products with at least this many multiply-adds use all rayon threads.
 const PARALLEL_FLOPS: usize = 1 << 18;
 
-/// Dense matrix product in f32 or f64: `dst (m×n) = a (m×k) · b (k×n)`,
-/// all row-major and contiguous.
-fn gemm_float<T: Num>(m: usize, k: usize, n: usize, a: &[T], b: &[T], dst: &mut [T]) {
-    if m == 0 || n == 0 || k == 0 {
-        dst.iter_mut().for_each(|d| *d = T::zero());
-        return;
+/// How a matrix operand is stored: row-major as the product reads it, or
+/// row-major transposed (the product reads its last two axes swapped).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Plain,
+    Transposed,
+}
+
+impl Layout {
+    /// (column stride, row stride) of an `rows × cols` matrix read in
+    /// this layout.
+    fn strides(self, rows: usize, cols: usize) -> (isize, isize) {
+        match self {
+            Layout::Plain => (1, cols as isize),
+            Layout::Transposed => (rows as isize, 1),
+        }
     }
+}
+
+/// Whether the `gemm` crate computes an `m×k · k×n` product the same way
+/// whatever the operands' layouts: it takes layout-specific paths (with
+/// another order of summation) for tiny outputs, thin operands and short
+/// inner dimensions, and otherwise packs the operands and runs the same
+/// micro-kernels. Transposed operands are read in place only then, so
+/// results never depend on whether a transpose was materialised.
+pub fn layout_independent(m: usize, k: usize, n: usize) -> bool {
+    m > 1 && n > 1 && k > 2 && m.saturating_mul(n) > 16 * 16
+}
+
+/// Dense matrix product in f32 or f64: `dst (m×n) = a (m×k) · b (k×n)`,
+/// `dst` row-major, the operands row-major in the given layouts. Every
+/// element of `dst` is written.
+#[allow(clippy::too_many_arguments)]
+fn gemm_float<T: Num>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    la: Layout,
+    b: &[T],
+    lb: Layout,
+    dst: &mut [std::mem::MaybeUninit<T>],
+    par: Parallelism,
+) {
     assert!(a.len() >= m * k && b.len() >= k * n && dst.len() >= m * n);
     assert!(T::DTYPE.is_float());
-    let par = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_FLOPS {
-        Parallelism::Rayon(0)
-    } else {
-        Parallelism::None
-    };
-    // SAFETY: the asserts above keep every access of the three row-major
-    // matrices in bounds; `T` is f32 or f64, types gemm supports; `dst` does
-    // not alias the operands (it is a fresh buffer).
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        dst[..m * n].iter_mut().for_each(|d| {
+            d.write(T::zero());
+        });
+        return;
+    }
+    let (a_cs, a_rs) = la.strides(m, k);
+    let (b_cs, b_rs) = lb.strides(k, n);
+    // SAFETY: the asserts above keep every access of the three matrices in
+    // bounds (a transposed operand is the same buffer read with swapped
+    // strides); `T` is f32 or f64, types gemm supports; `dst` does not
+    // alias the operands (it is a fresh buffer); with `read_dst` false
+    // gemm only writes `dst`, so it may be uninitialised.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst.as_mut_ptr() as *mut T,
             1,
             n as isize,
             false,
             a.as_ptr(),
-            1,
-            k as isize,
+            a_cs,
+            a_rs,
             b.as_ptr(),
-            1,
-            n as isize,
+            b_cs,
+            b_rs,
             T::zero(),
             T::one(),
             false,
@@ -60,20 +105,37 @@ fn gemm_float<T: Num>(m: usize, k: usize, n: usize, a: &[T], b: &[T], dst: &mut 
 }
 
 /// Integer matrix product, wrapping on overflow.
-fn gemm_int<T: Num>(m: usize, k: usize, n: usize, a: &[T], b: &[T], dst: &mut [T]) {
+#[allow(clippy::too_many_arguments)]
+fn gemm_int<T: Num>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    la: Layout,
+    b: &[T],
+    lb: Layout,
+    dst: &mut [std::mem::MaybeUninit<T>],
+    _: Parallelism,
+) {
+    let (a_cs, a_rs) = la.strides(m, k);
+    let (b_cs, b_rs) = lb.strides(k, n);
+    let mut row = vec![T::zero(); n];
     for i in 0..m {
-        let row = &mut dst[i * n..(i + 1) * n];
         row.iter_mut().for_each(|d| *d = T::zero());
         for p in 0..k {
-            let x = a[i * k + p];
-            for (d, &y) in row.iter_mut().zip(&b[p * n..(p + 1) * n]) {
-                *d = d.add(x.mul(y));
+            let x = a[i * a_rs as usize + p * a_cs as usize];
+            for (j, d) in row.iter_mut().enumerate() {
+                *d = d.add(x.mul(b[p * b_rs as usize + j * b_cs as usize]));
             }
+        }
+        for (d, &v) in dst[i * n..(i + 1) * n].iter_mut().zip(&row) {
+            d.write(v);
         }
     }
 }
 
-fn batched<T: Num>(plan: &MatmulPlan, a: &[T], b: &[T]) -> Vec<T> {
+fn batched<T: Num>(plan: &MatmulPlan, a: &[T], la: Layout, b: &[T], lb: Layout) -> Vec<T> {
+    use rayon::prelude::*;
     let (m, k, n) = (plan.m, plan.k, plan.n);
     let sa: Vec<usize> = broadcast_strides(&plan.a_batch, &plan.batch)
         .into_iter()
@@ -84,23 +146,76 @@ fn batched<T: Num>(plan: &MatmulPlan, a: &[T], b: &[T]) -> Vec<T> {
         .map(|s| s * k * n)
         .collect();
     let count = shape::size(&plan.batch);
-    let mut out = vec![T::zero(); count * m * n];
+    let total = count * m * n;
+    let mut out: Vec<T> = Vec::with_capacity(total);
     let kernel = if T::DTYPE.is_float() {
         gemm_float::<T>
     } else {
         gemm_int::<T>
     };
-    for ((ia, ib), dst) in offsets(&plan.batch, &sa)
-        .zip(offsets(&plan.batch, &sb))
-        .zip(out.chunks_mut((m * n).max(1)))
-    {
-        kernel(m, k, n, &a[ia..ia + m * k], &b[ib..ib + k * n], dst);
+    let flops = m.saturating_mul(n).saturating_mul(k);
+    let dst = &mut out.spare_capacity_mut()[..total];
+    if m * n > 0 {
+        let pairs: Vec<(usize, usize)> = offsets(&plan.batch, &sa)
+            .zip(offsets(&plan.batch, &sb))
+            .collect();
+        let one = |(ia, ib): (usize, usize), d: &mut [std::mem::MaybeUninit<T>], par| {
+            kernel(
+                m,
+                k,
+                n,
+                &a[ia..ia + m * k],
+                la,
+                &b[ib..ib + k * n],
+                lb,
+                d,
+                par,
+            )
+        };
+        let threads = rayon::current_num_threads();
+        let many = count >= 2 * threads || (count > 1 && flops < PARALLEL_FLOPS);
+        if count == 1 || (flops >= PARALLEL_FLOPS && !many) {
+            // Few large products: gemm splits each one over the threads.
+            let par = if flops >= PARALLEL_FLOPS {
+                Parallelism::Rayon(0)
+            } else {
+                Parallelism::None
+            };
+            for (p, d) in pairs.into_iter().zip(dst.chunks_mut(m * n)) {
+                one(p, d, par);
+            }
+        } else if flops.saturating_mul(count) >= PARALLEL_FLOPS {
+            // Many products: split the batch over the threads.
+            pairs
+                .into_par_iter()
+                .zip(dst.par_chunks_mut(m * n))
+                .for_each(|(p, d)| one(p, d, Parallelism::None));
+        } else {
+            for (p, d) in pairs.into_iter().zip(dst.chunks_mut(m * n)) {
+                one(p, d, Parallelism::None);
+            }
+        }
     }
+    // SAFETY: every one of the `total` elements was written above (each
+    // kernel writes all of its m×n block; with m×n = 0 there are none).
+    unsafe { out.set_len(total) };
     out
 }
 
 /// `a @ b` after the shape rule `plan`; `op` names the operation in dtype errors.
 fn matmul_with(op: &str, plan: &MatmulPlan, a: &Tensor, b: &Tensor) -> Result<Tensor, RtError> {
+    matmul_layout(op, plan, a, Layout::Plain, b, Layout::Plain)
+}
+
+/// `a @ b` after the shape rule `plan`, each operand stored in its layout.
+fn matmul_layout(
+    op: &str,
+    plan: &MatmulPlan,
+    a: &Tensor,
+    la: Layout,
+    b: &Tensor,
+    lb: Layout,
+) -> Result<Tensor, RtError> {
     let (dt, weak) = rule(dtype::promote(op, (a.dtype(), a.weak), (b.dtype(), b.weak)))?;
     if dt == DType::Bool {
         return Err(RtError::new(format!(
@@ -110,7 +225,7 @@ fn matmul_with(op: &str, plan: &MatmulPlan, a: &Tensor, b: &Tensor) -> Result<Te
         )));
     }
     let (a, b) = (a.cast(dt), b.cast(dt));
-    let buf = dispatch_numeric!(dt, T => T::wrap(batched(plan, typed::<T>(&a)?, typed::<T>(&b)?)),
+    let buf = dispatch_numeric!(dt, T => T::wrap(batched(plan, typed::<T>(&a)?, la, typed::<T>(&b)?, lb)),
         else return Err(RtError::internal("bool matmul")));
     Ok(Tensor::new(buf, &plan.shape)?.with_weak(weak))
 }
@@ -123,6 +238,49 @@ pub fn matmul(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let b = tensor("matmul", &args[1], "b")?;
     let plan = rule(shape::matmul_plan(a.ty(), b.ty()))?;
     Ok(Value::Tensor(matmul_with(op, &plan, a, b)?))
+}
+
+/// `matmul(a', b')` where `a'` is `mT(a)` when `ta` (else `a`) and `b'`
+/// likewise: the same result and errors as materialising the transposes
+/// first, without the copies when the product is large enough for the
+/// result not to depend on the operands' layout (see
+/// [`layout_independent`]).
+pub fn matmul_transposed(a: &Tensor, ta: bool, b: &Tensor, tb: bool) -> Result<Tensor, RtError> {
+    let view = |x: &Tensor, t: bool| -> Result<Vec<usize>, RtError> {
+        if t {
+            rule(shape::matrix_t(x.ty()))
+        } else {
+            Ok(x.shape().to_vec())
+        }
+    };
+    let (sa, sb) = (view(a, ta)?, view(b, tb)?);
+    let plan = rule(shape::matmul_plan(
+        shape::TensorTy::new(a.dtype(), &sa),
+        shape::TensorTy::new(b.dtype(), &sb),
+    ))?;
+    // A 1-d operand is never transposed (mT refused it above).
+    if layout_independent(plan.m, plan.k, plan.n) {
+        let l = |t: bool| if t { Layout::Transposed } else { Layout::Plain };
+        return matmul_layout("`@`", &plan, a, l(ta), b, l(tb));
+    }
+    let mat = |x: &Tensor, t: bool, s: &[usize]| -> Result<Tensor, RtError> {
+        if !t {
+            return Ok(x.clone());
+        }
+        let st = shape::strides(x.shape());
+        let n = st.len();
+        let mut pst = st.clone();
+        pst.swap(n - 2, n - 1);
+        super::strided::remap_strided(x, s, &pst)
+    };
+    matmul_layout(
+        "`@`",
+        &plan,
+        &mat(a, ta, &sa)?,
+        Layout::Plain,
+        &mat(b, tb, &sb)?,
+        Layout::Plain,
+    )
 }
 
 /// `dot(a, b)`: NumPy dot for 0-d (a product), 1-d and 2-d operands.
@@ -238,6 +396,67 @@ mod tests {
         let e1 = v(Tensor::zeros(DType::F32, &[2, 0]).unwrap());
         let e2 = v(Tensor::zeros(DType::F32, &[0, 3]).unwrap());
         assert_eq!(f32s(&call("matmul", &[e1, e2])), vec![0.0; 6]);
+    }
+
+    /// Products with transposed operands read in place agree bit for bit
+    /// with products of materialised transposes, in every size class.
+    #[test]
+    fn transposed_operands_match_materialised() {
+        let mt = |x: &Tensor| match call("mT", &[v(x.clone())]) {
+            Value::Tensor(t) => t,
+            _ => unreachable!(),
+        };
+        let sizes = [
+            (1, 5, 7),
+            (3, 2, 4),
+            (8, 9, 10),
+            (17, 3, 19),
+            (33, 40, 2),
+            (2, 40, 33),
+            (64, 65, 66),
+            (128, 100, 10),
+            (10, 128, 100),
+            (130, 70, 150),
+        ];
+        for &(m, k, n) in &sizes {
+            for batch in [vec![], vec![3]] {
+                let mk: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
+                let kn: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
+                let count = shape::size(&mk);
+                let a: Vec<f32> = (0..count)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+                    .collect();
+                let count = shape::size(&kn);
+                let b: Vec<f32> = (0..count)
+                    .map(|i| ((i * 53 % 97) as f32 - 40.0) / 3.0)
+                    .collect();
+                let a = Tensor::from_vec(a, &mk).unwrap();
+                let b = Tensor::from_vec(b, &kn).unwrap();
+                let (at, bt) = (mt(&a), mt(&b));
+                let expect = matmul_transposed(&a, false, &b, false).unwrap();
+                let e64 = matmul_transposed(&a.cast(DType::F64), false, &b.cast(DType::F64), false)
+                    .unwrap();
+                for (x, tx, y, ty) in [
+                    (&at, true, &b, false),
+                    (&a, false, &bt, true),
+                    (&at, true, &bt, true),
+                ] {
+                    let r = matmul_transposed(x, tx, y, ty).unwrap();
+                    assert_eq!(r, expect, "{m} {k} {n} {batch:?} {tx} {ty}");
+                    let r64 = matmul_transposed(&x.cast(DType::F64), tx, &y.cast(DType::F64), ty)
+                        .unwrap();
+                    assert_eq!(r64, e64);
+                }
+            }
+        }
+        let a = Tensor::from_vec(vec![1i64, 2, 3, 4, 5, 6], &[3, 2]).unwrap();
+        let r = matmul_transposed(&a, true, &a, false).unwrap();
+        assert_eq!(r.as_i64(), Some(&[35, 44, 44, 56][..]));
+        let x = Tensor::vector(vec![1.0f32, 2.0]);
+        assert!(matmul_transposed(&x, true, &x, false)
+            .unwrap_err()
+            .to_string()
+            .contains("mT: expected at least 2 dimensions"));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! Float sums, means and products accumulate in f64 and round once.
 
 use super::args::{arity, bool_or, opt_ints, rule, tensor, typed};
-use super::strided::offsets;
+use super::strided::{fold_into, offsets};
 use super::Ctx;
 use crate::error::RtError;
 use crate::tensor::{Element, Tensor};
@@ -14,6 +14,12 @@ use crate::{dispatch_all, dispatch_numeric, dtype, shape};
 
 /// For every input element (row-major), the offset of its output element.
 pub(crate) fn output_offsets(in_shape: &[usize], reduced: &[usize]) -> super::strided::Offsets {
+    offsets(in_shape, &output_strides(in_shape, reduced))
+}
+
+/// The strides that map an input position to its output element: the
+/// output's row-major strides on kept axes, 0 on reduced ones.
+fn output_strides(in_shape: &[usize], reduced: &[usize]) -> Vec<usize> {
     let kept: Vec<usize> = in_shape
         .iter()
         .enumerate()
@@ -22,7 +28,7 @@ pub(crate) fn output_offsets(in_shape: &[usize], reduced: &[usize]) -> super::st
         .collect();
     let kept_strides = shape::strides(&kept);
     let mut k = 0;
-    let virt: Vec<usize> = (0..in_shape.len())
+    (0..in_shape.len())
         .map(|i| {
             if reduced.contains(&i) {
                 0
@@ -31,46 +37,37 @@ pub(crate) fn output_offsets(in_shape: &[usize], reduced: &[usize]) -> super::st
                 kept_strides[k - 1]
             }
         })
-        .collect();
-    offsets(in_shape, &virt)
+        .collect()
 }
 
-fn accumulate<T: Element, A: Copy>(
-    x: &[T],
-    offs: super::strided::Offsets,
+/// The layout of a reduction: the input's shape and, per input axis, the
+/// output stride (0 on reduced axes).
+struct Layout<'a> {
+    shape: &'a [usize],
+    out_strides: Vec<usize>,
     n_out: usize,
-    init: A,
-    f: impl Fn(A, T) -> A,
-) -> Vec<A> {
-    let mut acc = vec![init; n_out];
-    for (&v, o) in x.iter().zip(offs) {
-        acc[o] = f(acc[o], v);
-    }
-    acc
 }
 
-fn sum_prod<T: Element>(op: &str, x: &[T], offs: super::strided::Offsets, n_out: usize) -> Vec<T> {
+fn accumulate<T: Element, A: Copy>(x: &[T], l: &Layout, init: A, f: impl Fn(A, T) -> A) -> Vec<A> {
+    fold_into(x, l.shape, &l.out_strides, l.n_out, init, f)
+}
+
+fn sum_prod<T: Element>(op: &str, x: &[T], l: &Layout) -> Vec<T> {
     let is_sum = op == "sum";
     if T::DTYPE.is_float() {
-        let (init, f): (f64, fn(f64, T) -> f64) = if is_sum {
-            (0.0, |a, v| a + v.to_f64())
+        let a = if is_sum {
+            accumulate(x, l, 0.0f64, |a, v| a + v.to_f64())
         } else {
-            (1.0, |a, v| a * v.to_f64())
+            accumulate(x, l, 1.0f64, |a, v| a * v.to_f64())
         };
-        accumulate(x, offs, n_out, init, f)
-            .into_iter()
-            .map(T::cast_from)
-            .collect()
+        a.into_iter().map(T::cast_from).collect()
     } else {
-        let (init, f): (i64, fn(i64, T) -> i64) = if is_sum {
-            (0, |a, v| a.wrapping_add(v.to_i64()))
+        let a = if is_sum {
+            accumulate(x, l, 0i64, |a, v| a.wrapping_add(v.to_i64()))
         } else {
-            (1, |a, v| a.wrapping_mul(v.to_i64()))
+            accumulate(x, l, 1i64, |a, v| a.wrapping_mul(v.to_i64()))
         };
-        accumulate(x, offs, n_out, init, f)
-            .into_iter()
-            .map(T::cast_from)
-            .collect()
+        a.into_iter().map(T::cast_from).collect()
     }
 }
 
@@ -83,19 +80,11 @@ pub(crate) fn better<T: Element>(new: T, best: T, less: bool) -> bool {
     new.is_nan() || if less { new < best } else { new > best }
 }
 
-fn extremum<T: Element>(
-    x: &[T],
-    offs: super::strided::Offsets,
-    n_out: usize,
-    less: bool,
-) -> Vec<T> {
-    let mut best: Vec<Option<T>> = vec![None; n_out];
-    for (&v, o) in x.iter().zip(offs) {
-        best[o] = match best[o] {
-            Some(b) if !better(v, b, less) => Some(b),
-            _ => Some(v),
-        };
-    }
+fn extremum<T: Element>(x: &[T], l: &Layout, less: bool) -> Vec<T> {
+    let best = accumulate(x, l, None, |b: Option<T>, v| match b {
+        Some(b) if !better(v, b, less) => Some(b),
+        _ => Some(v),
+    });
     // Every output saw at least one element: the caller rejects empty
     // reductions, so the fallback is never used.
     best.into_iter().flatten().collect()
@@ -149,21 +138,29 @@ pub fn reduction(op: &str, args: &[Value]) -> Result<Value, RtError> {
         "sum" | "prod" | "mean" => x.cast(rdt),
         _ => x.clone(),
     };
-    let offs = output_offsets(x.shape(), &reduced);
+    let layout = Layout {
+        shape: x.shape(),
+        out_strides: output_strides(x.shape(), &reduced),
+        n_out,
+    };
+    let l = &layout;
     let dt = x.dtype();
     let buf = match op {
         "sum" | "prod" => {
-            dispatch_numeric!(dt, T => T::wrap(sum_prod(op, typed::<T>(&x)?, offs, n_out)),
+            dispatch_numeric!(dt, T => T::wrap(sum_prod(op, typed::<T>(&x)?, l)),
             else return Err(RtError::internal("bool sum")))
         }
         "mean" => dispatch_numeric!(dt, T => {
-            let sums = accumulate(typed::<T>(&x)?, offs, n_out, 0.0f64, |a, v| a + v.to_f64());
+            let sums = accumulate(typed::<T>(&x)?, l, 0.0f64, |a, v| a + v.to_f64());
             T::wrap(sums.into_iter().map(|s| T::cast_from(s / count as f64)).collect())
         }, else return Err(RtError::internal("bool mean"))),
         "max" | "min" => {
-            dispatch_all!(dt, T => T::wrap(extremum(typed::<T>(&x)?, offs, n_out, op == "min")))
+            dispatch_all!(dt, T => T::wrap(extremum(typed::<T>(&x)?, l, op == "min")))
         }
-        "argmax" => dispatch_all!(dt, T => i64::wrap(arg_extremum(typed::<T>(&x)?, offs, n_out))),
+        "argmax" => dispatch_all!(dt, T => {
+            let offs = output_offsets(x.shape(), &reduced);
+            i64::wrap(arg_extremum(typed::<T>(&x)?, offs, n_out))
+        }),
         _ => return Err(RtError::internal(format!("{op} is not a reduction"))),
     };
     debug_assert_eq!(buf.dtype(), rdt);

@@ -4,7 +4,7 @@
 //! Reshapes share the input's buffer; the others copy.
 
 use super::args::{arity, int, ints, opt_ints, rule, shape as shape_arg, tensor, tuple, typed};
-use super::strided::{broadcast_tensor, offsets, remap};
+use super::strided::{broadcast_tensor, remap_strided};
 use super::Ctx;
 use crate::error::RtError;
 use crate::shape::{self, TensorTy};
@@ -37,7 +37,7 @@ pub fn transpose_tensor(x: &Tensor, perm: Option<&[i64]>) -> Result<Tensor, RtEr
     let out: Vec<usize> = perm.iter().map(|&a| x.shape()[a]).collect();
     let st = shape::strides(x.shape());
     let pst: Vec<usize> = perm.iter().map(|&a| st[a]).collect();
-    remap(x, &out, offsets(&out, &pst))
+    remap_strided(x, &out, &pst)
 }
 
 /// `broadcast_to(x, shape)`: NumPy broadcasting to exactly `shape`.

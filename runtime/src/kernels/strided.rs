@@ -98,6 +98,161 @@ pub fn remap(
     Ok(Tensor::new(buf, shape)?.with_weak(x.weak))
 }
 
+/// Row-major iteration over `shape` in runs along the innermost axes, for
+/// `N` offset tables at once (`strides[k]` gives table `k`'s stride along
+/// each axis). Axes of length 1 are dropped and adjacent axes that every
+/// table walks uniformly are merged, so a run is as long as possible:
+/// callers loop over a run with a constant step per table (often 0 or 1,
+/// which they special-case) instead of paying the odometer per element.
+pub struct Rows<const N: usize> {
+    /// Lengths of the axes outside a run (outermost first).
+    outer: Vec<usize>,
+    /// Per table, its strides along `outer`.
+    outer_strides: [Vec<usize>; N],
+    /// Elements in a run (0 when the shape is empty).
+    pub len: usize,
+    /// Per table, its step within a run.
+    pub step: [usize; N],
+}
+
+impl<const N: usize> Rows<N> {
+    pub fn new(shape: &[usize], strides: [&[usize]; N]) -> Rows<N> {
+        // Merged axes, innermost first: (length, stride per table).
+        let mut merged: Vec<(usize, [usize; N])> = Vec::new();
+        let mut empty = false;
+        for d in (0..shape.len()).rev() {
+            let len = shape[d];
+            if len == 0 {
+                empty = true;
+            }
+            if len == 1 {
+                continue;
+            }
+            let st: [usize; N] = std::array::from_fn(|k| strides[k][d]);
+            if let Some((l, s)) = merged.last_mut() {
+                if (0..N).all(|k| st[k] == s[k] * *l) {
+                    *l *= len;
+                    continue;
+                }
+            }
+            merged.push((len, st));
+        }
+        if empty {
+            return Rows {
+                outer: Vec::new(),
+                outer_strides: std::array::from_fn(|_| Vec::new()),
+                len: 0,
+                step: [0; N],
+            };
+        }
+        let (len, step) = if merged.is_empty() {
+            (1, [0; N])
+        } else {
+            merged.remove(0)
+        };
+        merged.reverse();
+        Rows {
+            outer: merged.iter().map(|(l, _)| *l).collect(),
+            outer_strides: std::array::from_fn(|k| merged.iter().map(|(_, s)| s[k]).collect()),
+            len,
+            step,
+        }
+    }
+
+    /// Calls `f` with the offsets (one per table) of the first element of
+    /// every run, in row-major order.
+    pub fn for_each(&self, mut f: impl FnMut([usize; N])) {
+        if self.len == 0 {
+            return;
+        }
+        let total: usize = self.outer.iter().product();
+        let nd = self.outer.len();
+        let mut idx = vec![0usize; nd];
+        let mut base = [0usize; N];
+        for _ in 0..total {
+            f(base);
+            let mut d = nd;
+            while d > 0 {
+                d -= 1;
+                idx[d] += 1;
+                for (b, s) in base.iter_mut().zip(&self.outer_strides) {
+                    *b += s[d];
+                }
+                if idx[d] < self.outer[d] {
+                    break;
+                }
+                for (b, s) in base.iter_mut().zip(&self.outer_strides) {
+                    *b -= s[d] * self.outer[d];
+                }
+                idx[d] = 0;
+            }
+        }
+    }
+}
+
+/// The elements of `src` read at the positions of `shape` under `strides`,
+/// in row-major order (what `gather(src, offsets(shape, strides))` gives).
+pub fn gather_strided<T: Copy>(src: &[T], shape: &[usize], strides: &[usize]) -> Vec<T> {
+    let rows = Rows::new(shape, [strides]);
+    let mut out = Vec::with_capacity(crate::shape::size(shape));
+    let (len, [step]) = (rows.len, rows.step);
+    rows.for_each(|[o]| match step {
+        1 => out.extend_from_slice(&src[o..o + len]),
+        0 => out.extend(std::iter::repeat_n(src[o], len)),
+        _ => out.extend((0..len).map(|j| src[o + j * step])),
+    });
+    out
+}
+
+/// A tensor of `shape` whose elements are `x`'s read under `strides` (same
+/// dtype and weakness).
+pub fn remap_strided(x: &Tensor, shape: &[usize], strides: &[usize]) -> Result<Tensor, RtError> {
+    let buf = with_buffer!(x.buffer(), v => Element::wrap(gather_strided(v, shape, strides)));
+    Ok(Tensor::new(buf, shape)?.with_weak(x.weak))
+}
+
+/// Folds a row-major `x` of `shape` into `n_out` accumulators: the element
+/// at each position goes into the accumulator at its offset under
+/// `out_strides`. Every accumulator sees its elements in row-major order,
+/// whatever the layout, so float results do not depend on it.
+pub fn fold_into<T: Copy, A: Copy>(
+    x: &[T],
+    shape: &[usize],
+    out_strides: &[usize],
+    n_out: usize,
+    init: A,
+    f: impl Fn(A, T) -> A,
+) -> Vec<A> {
+    let mut acc = vec![init; n_out];
+    let contiguous = crate::shape::strides(shape);
+    let rows = Rows::new(shape, [&contiguous, out_strides]);
+    let (len, [_, step]) = (rows.len, rows.step);
+    rows.for_each(|[i, o]| {
+        let xs = &x[i..i + len];
+        match step {
+            0 => {
+                let mut a = acc[o];
+                for &v in xs {
+                    a = f(a, v);
+                }
+                acc[o] = a;
+            }
+            1 => {
+                for (a, &v) in acc[o..o + len].iter_mut().zip(xs) {
+                    *a = f(*a, v);
+                }
+            }
+            _ => {
+                for (j, &v) in xs.iter().enumerate() {
+                    let a = &mut acc[o + j * step];
+                    *a = f(*a, v);
+                }
+            }
+        }
+    });
+    acc
+}
+
 /// `x` broadcast to `shape` (which it must broadcast to). Shares the buffer
 /// when the shape is unchanged.
 pub fn broadcast_tensor(x: &Tensor, shape: &[usize]) -> Result<Tensor, RtError> {
@@ -105,7 +260,7 @@ pub fn broadcast_tensor(x: &Tensor, shape: &[usize]) -> Result<Tensor, RtError> 
         return Ok(x.clone());
     }
     let st = broadcast_strides(x.shape(), shape);
-    remap(x, shape, offsets(shape, &st))
+    remap_strided(x, shape, &st)
 }
 
 /// Applies `f` element-wise to `a` and `b` broadcast to `out`.
@@ -131,10 +286,27 @@ pub fn zip_broadcast<A: Copy, B: Copy, R>(
     }
     let sa = broadcast_strides(a_shape, out);
     let sb = broadcast_strides(b_shape, out);
-    offsets(out, &sa)
-        .zip(offsets(out, &sb))
-        .map(|(i, j)| f(a[i], b[j]))
-        .collect()
+    let rows = Rows::new(out, [&sa, &sb]);
+    let (len, [da, db]) = (rows.len, rows.step);
+    let mut v = Vec::with_capacity(n);
+    rows.for_each(|[i, j]| match (da, db) {
+        (1, 1) => v.extend(
+            a[i..i + len]
+                .iter()
+                .zip(&b[j..j + len])
+                .map(|(&x, &y)| f(x, y)),
+        ),
+        (1, 0) => {
+            let y = b[j];
+            v.extend(a[i..i + len].iter().map(|&x| f(x, y)));
+        }
+        (0, 1) => {
+            let x = a[i];
+            v.extend(b[j..j + len].iter().map(|&y| f(x, y)));
+        }
+        _ => v.extend((0..len).map(|k| f(a[i + k * da], b[j + k * db]))),
+    });
+    v
 }
 
 #[cfg(test)]
@@ -160,5 +332,59 @@ mod tests {
         let x = Tensor::vector(vec![1i64, 2]);
         let y = broadcast_tensor(&x, &[2, 2]).unwrap();
         assert_eq!(y.as_i64(), Some(&[1, 2, 1, 2][..]));
+    }
+
+    /// The run-based loops agree with the odometer on assorted layouts.
+    #[test]
+    fn rows_agree_with_offsets() {
+        let cases: Vec<(Vec<usize>, Vec<usize>)> = vec![
+            (vec![], vec![]),
+            (vec![1], vec![0]),
+            (vec![4], vec![1]),
+            (vec![3, 4], vec![4, 1]),
+            (vec![3, 4], vec![1, 3]),
+            (vec![3, 4], vec![0, 1]),
+            (vec![3, 4], vec![1, 0]),
+            (vec![2, 1, 3], vec![3, 0, 1]),
+            (vec![2, 3, 4], vec![12, 4, 1]),
+            (vec![2, 3, 4], vec![0, 4, 1]),
+            (vec![2, 3, 4], vec![4, 0, 1]),
+            (vec![2, 3, 4], vec![1, 0, 2]),
+            (vec![2, 0, 4], vec![0, 4, 1]),
+            (vec![5, 2, 3], vec![1, 15, 5]),
+        ];
+        for (shape, st) in cases {
+            let src: Vec<i64> = (0..64).collect();
+            let expect = gather(&src, offsets(&shape, &st));
+            assert_eq!(
+                gather_strided(&src, &shape, &st),
+                expect,
+                "{shape:?} {st:?}"
+            );
+            let n: usize = shape.iter().product();
+            let x: Vec<i64> = (0..n as i64).map(|v| v * 7 + 1).collect();
+            let mut acc = vec![Vec::new(); 64];
+            for (&v, o) in x.iter().zip(offsets(&shape, &st)) {
+                acc[o].push(v);
+            }
+            let sums = fold_into(&x, &shape, &st, 64, 0i64, |a, v| a * 3 + v);
+            let expect: Vec<i64> = acc
+                .iter()
+                .map(|vs| vs.iter().fold(0i64, |a, &v| a * 3 + v))
+                .collect();
+            assert_eq!(sums, expect, "{shape:?} {st:?}");
+        }
+        let r = zip_broadcast(
+            &[1, 2, 3, 4, 5, 6],
+            &[2, 3],
+            &[10, 20, 30],
+            &[3],
+            &[2, 2, 3],
+            |a, b| a * 100 + b,
+        );
+        assert_eq!(
+            r,
+            vec![110, 220, 330, 410, 520, 630, 110, 220, 330, 410, 520, 630]
+        );
     }
 }

@@ -458,14 +458,39 @@ impl CompiledKernel {
         self.run_with(inputs, outputs, Parallelism::Serial)
     }
 
-    /// Runs the kernel after checking the dtype, the number of buffers, that
-    /// every input is long enough and every output has exactly
-    /// [`KernelSpec::output_len`] elements.
-    pub fn run_with<T: KernelElem>(
+    /// Runs a map kernel (one without a reduction) into outputs that are
+    /// not initialised yet, on several threads for large kernels: a map
+    /// kernel writes every element of its outputs and reads none, so the
+    /// caller need not fill them first. Checks as [`CompiledKernel::run_with`].
+    pub fn run_uninit<T: KernelElem>(
         &self,
         inputs: &[&[T]],
-        outputs: &mut [&mut [T]],
-        parallelism: Parallelism,
+        outputs: &mut [&mut [std::mem::MaybeUninit<T>]],
+    ) -> Result<(), CodegenError> {
+        if self.spec.reduce.is_some() {
+            return Err(CodegenError::Buffers(
+                "a reducing kernel needs initialised outputs".into(),
+            ));
+        }
+        self.check::<T>(inputs, outputs.iter().map(|y| y.len()))?;
+        let Some((plan, func)) = self.plan.as_ref().zip(self.func) else {
+            return Ok(());
+        };
+        let out_ptrs = outputs
+            .iter_mut()
+            .map(|y| y.as_mut_ptr() as *mut u8)
+            .collect();
+        self.run_map(plan, func, inputs, out_ptrs, Parallelism::Auto);
+        Ok(())
+    }
+
+    /// Checks the dtype, the number of buffers, that every input is long
+    /// enough and every output (of lengths `out_lens`) has exactly
+    /// [`KernelSpec::output_len`] elements.
+    fn check<T: KernelElem>(
+        &self,
+        inputs: &[&[T]],
+        out_lens: impl ExactSizeIterator<Item = usize>,
     ) -> Result<(), CodegenError> {
         let spec = &self.spec;
         if T::DTYPE != spec.dtype {
@@ -474,13 +499,14 @@ impl CompiledKernel {
                 got: T::DTYPE.name(),
             });
         }
-        if inputs.len() != spec.inputs.len() || outputs.len() != spec.outputs.len() {
+        let n_outputs = out_lens.len();
+        if inputs.len() != spec.inputs.len() || n_outputs != spec.outputs.len() {
             return Err(CodegenError::Buffers(format!(
                 "kernel takes {} inputs and {} outputs, got {} and {}",
                 spec.inputs.len(),
                 spec.outputs.len(),
                 inputs.len(),
-                outputs.len()
+                n_outputs
             )));
         }
         for (i, x) in inputs.iter().enumerate() {
@@ -493,14 +519,27 @@ impl CompiledKernel {
             }
         }
         let n_out = spec.output_len();
-        for (i, y) in outputs.iter().enumerate() {
-            if y.len() != n_out {
+        for (i, len) in out_lens.enumerate() {
+            if len != n_out {
                 return Err(CodegenError::Buffers(format!(
-                    "output {i} has {} elements, expected {n_out}",
-                    y.len()
+                    "output {i} has {len} elements, expected {n_out}"
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Runs the kernel after checking the dtype, the number of buffers, that
+    /// every input is long enough and every output has exactly
+    /// [`KernelSpec::output_len`] elements.
+    pub fn run_with<T: KernelElem>(
+        &self,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+        parallelism: Parallelism,
+    ) -> Result<(), CodegenError> {
+        let spec = &self.spec;
+        self.check::<T>(inputs, outputs.iter().map(|y| y.len()))?;
         let (Some(plan), Some(func)) = (&self.plan, self.func) else {
             // An empty iteration space: reductions give their identity.
             if let Some(r) = &spec.reduce {
@@ -513,12 +552,28 @@ impl CompiledKernel {
         if plan.is_split() {
             return self.run_split(plan, func, inputs, outputs, parallelism);
         }
+        let out_ptrs = outputs
+            .iter_mut()
+            .map(|y| y.as_mut_ptr() as *mut u8)
+            .collect();
+        self.run_map(plan, func, inputs, out_ptrs, parallelism);
+        Ok(())
+    }
+
+    /// Runs a kernel that is not split into blocks over its parallel loop,
+    /// with outputs at `out_ptrs` (checked by the caller).
+    fn run_map<T: KernelElem>(
+        &self,
+        plan: &Plan,
+        func: KernelFn,
+        inputs: &[&[T]],
+        out_ptrs: Vec<*mut u8>,
+        parallelism: Parallelism,
+    ) {
+        let spec = &self.spec;
         let ptrs = Ptrs {
             inputs: inputs.iter().map(|x| x.as_ptr() as *const u8).collect(),
-            outputs: outputs
-                .iter_mut()
-                .map(|y| y.as_mut_ptr() as *mut u8)
-                .collect(),
+            outputs: out_ptrs,
         };
         let extent = plan.par_extent();
         let chunks = match parallelism {
@@ -539,15 +594,15 @@ impl CompiledKernel {
             }
         };
         let call = |begin: usize, end: usize| {
-            // SAFETY: the buffers were checked above against the spec, the
-            // outputs are distinct `&mut` slices, and chunks are disjoint
-            // ranges of the parallel loop, whose iterations write disjoint
-            // output elements.
+            // SAFETY: the buffers were checked by the caller against the
+            // spec, the outputs are distinct buffers, and chunks are
+            // disjoint ranges of the parallel loop, whose iterations write
+            // disjoint output elements.
             unsafe { ptrs.call(func, begin, end) }
         };
         if chunks <= 1 {
             call(0, extent);
-            return Ok(());
+            return;
         }
         // Chunk boundaries on multiples of 16 when the parallel loop is the
         // vectorised one, so that vector loops cover almost everything.
@@ -562,7 +617,6 @@ impl CompiledKernel {
             .map(|b| (b, (b + per).min(extent)))
             .collect();
         ranges.par_iter().for_each(|&(b, e)| call(b, e));
-        Ok(())
     }
 
     /// A reduction to one element: the reduced range is cut into blocks of
