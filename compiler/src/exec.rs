@@ -25,11 +25,20 @@ pub struct Executable {
     pub code_of: HashMap<GraphId, CodeId>,
     /// Source location of every `LocIndex` used by instructions.
     pub locs: Vec<Loc>,
+    /// Differentiation of function values at run time, when the program
+    /// needs it (the same hook as `program.dynamic`).
+    pub dynamic: Option<Arc<crate::ad::dynamic::DynAd>>,
 }
 
 impl Executable {
     pub fn loc(&self, i: LocIndex) -> Loc {
-        self.locs.get(i as usize).copied().unwrap_or(Loc::NONE)
+        match self.locs.get(i as usize) {
+            Some(l) => *l,
+            None => match &self.dynamic {
+                Some(d) => d.loc(i),
+                None => Loc::NONE,
+            },
+        }
     }
     /// The function value of a graph without free variables.
     pub fn function(&self, g: GraphId) -> Option<Value> {
@@ -85,12 +94,65 @@ pub fn compile_with(
         program: Program::default(),
         code_of,
         locs: Vec::new(),
+        dynamic: None,
     };
     for &g in &graphs {
-        let code = compile_graph(m, g, &fv, &mut ex, plan)?;
+        let mut t = Tables {
+            code_of: &ex.code_of,
+            locs: &mut ex.locs,
+            loc_base: 0,
+        };
+        let code = compile_graph(m, g, &fv, &mut t, plan)?;
         ex.program.codes.push(code);
     }
     Ok(ex)
+}
+
+/// Compiles the graphs reachable from `roots` that `code_of` does not
+/// have yet, numbering them from `next` (code made at run time, after a
+/// program's own). Their locations are appended to `locs`, whose first
+/// entry has index `loc_base`.
+pub fn compile_more(
+    m: &Module,
+    roots: &[GraphId],
+    fv: &FreeVars,
+    code_of: &mut HashMap<GraphId, CodeId>,
+    next: u32,
+    locs: &mut Vec<Loc>,
+    loc_base: u32,
+) -> Result<Vec<Code>, ExecError> {
+    let graphs: Vec<GraphId> = reachable_graphs(m, roots)
+        .into_iter()
+        .filter(|g| !code_of.contains_key(g))
+        .collect();
+    for (i, g) in graphs.iter().enumerate() {
+        code_of.insert(*g, CodeId(next + i as u32));
+    }
+    let mut out = Vec::with_capacity(graphs.len());
+    for g in graphs {
+        let mut t = Tables {
+            code_of,
+            locs,
+            loc_base,
+        };
+        out.push(compile_graph(m, g, fv, &mut t, None)?);
+    }
+    Ok(out)
+}
+
+/// What compiling one graph reads (the code ids of the others) and adds
+/// to (the location table).
+struct Tables<'t> {
+    code_of: &'t HashMap<GraphId, CodeId>,
+    locs: &'t mut Vec<Loc>,
+    loc_base: u32,
+}
+
+impl Tables<'_> {
+    fn push_loc(&mut self, l: Loc) -> LocIndex {
+        self.locs.push(l);
+        self.loc_base + self.locs.len() as LocIndex - 1
+    }
 }
 
 struct CodeBuilder<'a> {
@@ -109,7 +171,7 @@ impl CodeBuilder<'_> {
         Operand::Const(self.consts.len() as u32 - 1)
     }
 
-    fn operand(&mut self, n: NodeId, ex: &Executable) -> Result<Operand, ExecError> {
+    fn operand(&mut self, n: NodeId, ex: &Tables) -> Result<Operand, ExecError> {
         if let Some(s) = self.slot_of.get(&n) {
             return Ok(Operand::Slot(*s));
         }
@@ -263,7 +325,7 @@ fn compile_graph(
     m: &Module,
     g: GraphId,
     fv: &FreeVars,
-    ex: &mut Executable,
+    ex: &mut Tables,
     plan: Option<&crate::fuse::Plan>,
 ) -> Result<Code, ExecError> {
     let graph = m.graph(g);
@@ -297,9 +359,7 @@ fn compile_graph(
             Unit::Node(n) => n,
             Unit::Group(gi) => {
                 let group = &plan.expect("groups come from a plan").groups[gi];
-                let loc = ex.locs.len() as LocIndex;
-                ex.locs
-                    .push(m.node(*group.outputs.last().expect("an output")).loc);
+                let loc = ex.push_loc(m.node(*group.outputs.last().expect("an output")).loc);
                 let mut args = Vec::with_capacity(group.inputs.len());
                 for &i in &group.inputs {
                     args.push(b.operand(i, ex)?);
@@ -335,8 +395,7 @@ fn compile_graph(
         };
         let node = m.node(n);
         let inputs = m.inputs(n);
-        let loc = ex.locs.len() as LocIndex;
-        ex.locs.push(node.loc);
+        let loc = ex.push_loc(node.loc);
         let dst = b.n_slots;
         b.n_slots += 1;
         let instr = match m.as_const(inputs[0]) {

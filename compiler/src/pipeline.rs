@@ -72,6 +72,7 @@ impl Program {
                 &requests,
                 &lowered.ad_rules,
                 &lowered.effectful,
+                &mut lowered.ad_provenance,
             )
             .map_err(|e| {
                 let mut d = located(e.message, e.loc, root);
@@ -236,8 +237,54 @@ impl Program {
             load_type: self.load_type_fn().map(crate::opt::LoadType),
             ..crate::opt::Options::default()
         };
-        let stats = crate::opt::optimize(&mut m, roots, &opts);
+        // Differentiation at run time builds on the derivative rules:
+        // keep them (optimised too).
+        let mut roots = roots.to_vec();
+        if uses_dynamic_ad(&m, &roots) {
+            roots.extend(self.rule_graphs());
+        }
+        let stats = crate::opt::optimize(&mut m, &roots, &opts);
         (m, stats)
+    }
+
+    /// The graphs of the derivative rules.
+    fn rule_graphs(&self) -> Vec<GraphId> {
+        let r = &self.lowered.ad_rules;
+        let mut v: Vec<GraphId> = r
+            .prims
+            .values()
+            .chain(r.user.values())
+            .chain(r.tangents.values())
+            .copied()
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// `ex` compiled from module `m`, with the hook that differentiates
+    /// function values at run time when the program needs one.
+    fn with_dynamic(
+        &self,
+        mut ex: Executable,
+        m: &crate::ir::Module,
+        roots: &[GraphId],
+    ) -> Executable {
+        if !uses_dynamic_ad(m, roots) {
+            return ex;
+        }
+        let d = Arc::new(crate::ad::dynamic::DynAd::new(
+            m.clone(),
+            self.lowered.ad_rules.clone(),
+            self.lowered.effectful.clone(),
+            self.lowered.ad_provenance.clone(),
+            ex.code_of.clone(),
+            ex.program.codes.len() as u32,
+            ex.locs.len() as u32,
+        ));
+        ex.program.dynamic = Some(adjoint_runtime::dynamic::DynamicHook(d.clone()));
+        ex.dynamic = Some(d);
+        ex
     }
 
     /// Fusion of the optimised module `m` reached from `entry`. Element-wise
@@ -280,8 +327,18 @@ impl Program {
             )]);
         };
         self.infer_entry(main)?;
+        // Differentiating code that differentiates a function value at run
+        // time follows the transforms' graphs back to their sources, which
+        // the optimiser's inlining would have copied: such a program runs
+        // its IR as differentiated, as eager mode does.
+        let mode = if nested_dynamic_ad(&self.lowered.module, &[main]) {
+            Mode::Eager
+        } else {
+            mode
+        };
         let compiled = match mode {
-            Mode::Eager => exec::compile(&self.lowered.module, &[main]),
+            Mode::Eager => exec::compile(&self.lowered.module, &[main])
+                .map(|ex| self.with_dynamic(ex, &self.lowered.module, &[main])),
             Mode::Graph => {
                 let (m, _) = self.optimized(&[main]);
                 if cfg!(debug_assertions) {
@@ -306,6 +363,7 @@ impl Program {
                     }
                 }
                 exec::compile_with(&m, &[main], plan.as_ref())
+                    .map(|ex| self.with_dynamic(ex, &m, &[main]))
             }
         };
         compiled.map_err(|e| vec![located(e.message, e.loc, self.root)])
@@ -426,4 +484,39 @@ fn vm_diagnostic(e: &VmError, ex: &Executable, root: FileId, stdlib: &[FileId]) 
         (Some(u), None) => located(e.message.clone(), u, root),
         _ => located(e.message.clone(), loc, root),
     }
+}
+
+/// The run-time transforms (`ad_lift`, `ad_dyn`) in code reachable from
+/// `roots`, with whether each is nested inside differentiated code (its
+/// nesting code is not the constant 0).
+fn dynamic_ad_ops(m: &crate::ir::Module, roots: &[GraphId]) -> Vec<bool> {
+    use crate::ir::Const;
+    use crate::prim::Prim;
+    let reach: std::collections::HashSet<GraphId> = crate::ir::analysis::reachable_graphs(m, roots)
+        .into_iter()
+        .collect();
+    (0..m.nodes.len())
+        .map(|i| crate::ir::NodeId(i as u32))
+        .filter(|n| m.node(*n).graph.is_some_and(|g| reach.contains(&g)))
+        .filter_map(|n| {
+            let wrap = match m.applied_prim(n)? {
+                Prim::AdDyn => m.inputs(n).get(4),
+                Prim::AdLift => m.inputs(n).get(3),
+                _ => return None,
+            };
+            Some(wrap.and_then(|w| m.as_const(*w)) != Some(&Const::Int(0)))
+        })
+        .collect()
+}
+
+/// Whether code reachable from `roots` differentiates function values at
+/// run time.
+fn uses_dynamic_ad(m: &crate::ir::Module, roots: &[GraphId]) -> bool {
+    !dynamic_ad_ops(m, roots).is_empty()
+}
+
+/// Whether code reachable from `roots` transforms, at run time, a function
+/// value inside code that is itself differentiated.
+fn nested_dynamic_ad(m: &crate::ir::Module, roots: &[GraphId]) -> bool {
+    dynamic_ad_ops(m, roots).into_iter().any(|nested| nested)
 }

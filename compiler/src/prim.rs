@@ -241,6 +241,15 @@ prims! {
     /// The `gadd` of every leaf of tree `t` (the rule of `tree_map` sums the
     /// environments of the mapped function with it).
     TreeGAdd = "tree_gadd", Struct, &[req("t")], false, true;
+    /// `ad_lift(v, mode, wrap)`: `v` as reverse- (mode 1) or forward-mode
+    /// (2) differentiated code represents it: its closures transformed at
+    /// run time (`adjoint_runtime::dynamic`; `wrap` as for `ad_dyn`). The
+    /// transforms insert it for free variables they reach from outside the
+    /// differentiated code.
+    AdLift = "ad_lift", Control, &[req("f"), req("mode"), req("wrap")], false, true;
+    /// `ad_dyn(f, kind, argnums, wrap)`: `grad(f)` and friends of a function
+    /// value `f` not known at compile time, built at run time.
+    AdDyn = "ad_dyn", Control, &[req("f"), req("kind"), req("argnums"), req("wrap")], false, true;
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;
     LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;

@@ -13,7 +13,9 @@
 //! - [`kernels`]: one reference kernel per primitive, by name
 //!   ([`kernels::lookup`]);
 //! - [`value`]: run-time values; [`error`]: [`RtError`];
-//! - [`vm`]: the virtual machine; [`memory`]: allocator settings.
+//! - [`vm`]: the virtual machine; [`memory`]: allocator settings;
+//!   [`dynamic`]: the hook through which the compiler differentiates
+//!   function values at run time.
 //!
 //! Calling a kernel directly:
 //!
@@ -45,6 +47,7 @@
 //! ```
 
 pub mod dtype;
+pub mod dynamic;
 pub mod error;
 pub mod format;
 pub mod kernels;

@@ -8,6 +8,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use crate::dynamic::{DynOp, DynamicHook};
 use crate::error::RtError;
 use crate::kernels::{Ctx, Kernel};
 use crate::value::{Closure, CodeId, Value};
@@ -125,11 +126,47 @@ pub struct Code {
 #[derive(Clone, Debug, Default)]
 pub struct Program {
     pub codes: Vec<Code>,
+    /// Differentiation of function values at run time, when the program
+    /// needs it: code objects past `codes` come from here.
+    pub dynamic: Option<DynamicHook>,
 }
 
 impl Program {
+    /// A code object of the program itself (not one made at run time).
     pub fn code(&self, id: CodeId) -> &Code {
         &self.codes[id.0 as usize]
+    }
+
+    /// Any code object: the program's own, or one made at run time.
+    fn code_any(&self, id: CodeId) -> Result<CodeRef<'_>, VmError> {
+        if let Some(c) = self.codes.get(id.0 as usize) {
+            return Ok(CodeRef::Static(c));
+        }
+        match self.dynamic.as_ref().and_then(|d| d.0.code(id)) {
+            Some(c) => Ok(CodeRef::Dynamic(c)),
+            None => Err(VmError {
+                message: format!("internal error: no code object {}", id.0),
+                loc: None,
+                trace: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// A code object, borrowed from the program or shared with the run-time
+/// transform that made it.
+enum CodeRef<'a> {
+    Static(&'a Code),
+    Dynamic(Arc<Code>),
+}
+
+impl std::ops::Deref for CodeRef<'_> {
+    type Target = Code;
+    fn deref(&self) -> &Code {
+        match self {
+            CodeRef::Static(c) => c,
+            CodeRef::Dynamic(c) => c,
+        }
     }
 }
 
@@ -265,7 +302,7 @@ impl<'a> Vm<'a> {
                 trace: Vec::new(),
             });
         };
-        let code = self.program.code(closure.code);
+        let code = self.program.code_any(closure.code)?;
         if args.len() != code.n_params as usize {
             return Err(VmError {
                 message: format!(
@@ -297,7 +334,8 @@ impl<'a> Vm<'a> {
         loop {
             let depth = self.frames.len();
             let frame = self.frames.last_mut().expect("a frame is running");
-            let code = program.code(frame.code);
+            let code_ref = program.code_any(frame.code)?;
+            let code: &Code = &code_ref;
             if frame.pc == code.instrs.len() {
                 let value = read(frame, code, code.ret);
                 let ret_dst = frame.ret_dst;
@@ -453,5 +491,13 @@ impl Ctx for Vm<'_> {
     }
     fn stdout(&mut self) -> &mut dyn Write {
         self.out
+    }
+    fn transform(&mut self, f: &Value, op: &DynOp) -> Result<Value, RtError> {
+        match &self.program.dynamic {
+            Some(d) => d.0.transform(f, op).map_err(RtError::new),
+            None => Err(RtError::new(
+                "this program cannot differentiate function values at run time",
+            )),
+        }
     }
 }

@@ -85,6 +85,8 @@ pub fn tangent_is_generated(p: Prim) -> bool {
             | Prim::TreeGAdd
             | Prim::TreeMap
             | Prim::StopGradient
+            | Prim::AdLift
+            | Prim::AdDyn
     )
 }
 
@@ -112,7 +114,11 @@ impl Ad<'_> {
     /// `(y, grad_finalize(dy, y))`.
     pub(super) fn build_jvp(&mut self, t: GraphId, src: GraphId, loc: Loc) -> R<()> {
         let n = self.m.graph(src).params.len();
-        let ff = self.fwd_graph(src, loc)?;
+        let ff = if self.lift_source {
+            None
+        } else {
+            Some(self.fwd_graph(src, loc)?)
+        };
         let xs = self.m.add_param(t, "primals", loc);
         let dxs = self.m.add_param(t, "tangents", loc);
         let mut args: Vec<NodeId> = (0..n).map(|i| self.get(t, xs, i, loc)).collect();
@@ -120,7 +126,15 @@ impl Ad<'_> {
             let d = self.get(t, dxs, i, loc);
             args.push(d);
         }
-        let ffr = self.gref(ff, loc);
+        let ffr = match ff {
+            Some(ff) => self.gref(ff, loc),
+            None => {
+                let f = self.gref(src, loc);
+                let two = self.konst(Const::Int(2), loc);
+                let w = self.konst(Const::Int(0), loc);
+                self.prim(t, Prim::AdLift, &[f, two, w], loc)
+            }
+        };
         let r = self.call(t, ffr, &args, loc);
         let y = self.get(t, r, 0, loc);
         let dy = self.get(t, r, 1, loc);
@@ -142,7 +156,7 @@ impl Ad<'_> {
     /// The primal standing for `n` inside the forward graph being built;
     /// `arity` is that of the call `n` appears in (for a primitive used as
     /// a value).
-    fn fwd_primal(&mut self, n: NodeId, arity: usize, at: Loc) -> R<NodeId> {
+    fn fwd_primal(&mut self, g: GraphId, n: NodeId, arity: usize, at: Loc) -> R<NodeId> {
         match self.m.node(n).kind.clone() {
             NodeKind::Const(Const::Prim(p)) => {
                 let info = p.info();
@@ -159,20 +173,48 @@ impl Ad<'_> {
                 Ok(self.gref(g, at))
             }
             NodeKind::Const(_) => Ok(n),
-            _ => Ok(self.f_primal.get(&n).copied().unwrap_or(n)),
+            _ => match self.f_primal.get(&n) {
+                Some(v) => Ok(*v),
+                None => Ok(self.outside(g, n, 2)),
+            },
         }
     }
 
     /// The tangent of `n` inside forward graph `g`: `zero()` for constants
-    /// (functions included) and for nodes outside the transformed graphs.
+    /// (functions included) and for nodes outside the transformed graphs;
+    /// in a graph built at run time for a closure, the tangent its
+    /// captured value comes with (a placeholder free variable).
     fn fwd_tangent(&mut self, g: GraphId, n: NodeId) -> NodeId {
         match self.m.node(n).kind {
             NodeKind::Const(_) => self.fwd_zero(g),
             _ => match self.f_tangent.get(&n) {
                 Some(d) => *d,
+                None if !self.lift_outside => self.tangent_placeholder(n),
                 None => self.fwd_zero(g),
             },
         }
+    }
+
+    /// The free variable that holds the tangent of captured value `n` in
+    /// forward graphs built at run time.
+    fn tangent_placeholder(&mut self, n: NodeId) -> NodeId {
+        if let Some(p) = self.prov.placeholder.get(&n) {
+            return *p;
+        }
+        let holder = match self.prov.holder {
+            Some(h) => h,
+            None => {
+                let h = self.m.add_graph("tangents", Loc::NONE);
+                let u = self.konst(Const::Unit, Loc::NONE);
+                self.m.set_output(h, u);
+                self.prov.holder = Some(h);
+                h
+            }
+        };
+        let p = self.m.add_param(holder, "", Loc::NONE);
+        self.prov.placeholder.insert(n, p);
+        self.prov.placeholder_of.insert(p, n);
+        p
     }
 
     /// `F(f)`: `f`'s parameters, then one tangent per parameter; returns
@@ -193,6 +235,7 @@ impl Ad<'_> {
         let name = self.m.graph(f).name.clone();
         let floc = self.m.graph(f).loc;
         let ff = self.m.add_graph(format!("F.{name}"), floc);
+        self.prov.graphs.insert(ff, (2, f));
         if closed {
             self.f_closed.insert(f, ff);
         } else {
@@ -203,6 +246,7 @@ impl Ad<'_> {
         for (p, nm) in params.iter().zip(&pnames) {
             let fp = self.m.add_param(ff, nm.clone(), self.m.node(*p).loc);
             self.f_primal.insert(*p, fp);
+            self.prov.origin.insert(fp, *p);
         }
         for (p, nm) in params.iter().zip(&pnames) {
             let dname = if nm.is_empty() {
@@ -212,6 +256,7 @@ impl Ad<'_> {
             };
             let dp = self.m.add_param(ff, dname, self.m.node(*p).loc);
             self.f_tangent.insert(*p, dp);
+            self.prov.tangent_origin.insert(dp, *p);
         }
         let body = graph_body_with(self.m, f, &self.fv);
         let out = self.m.graph(f).output.expect("lowered graphs have outputs");
@@ -237,12 +282,12 @@ impl Ad<'_> {
                     };
                     self.gref(g, yloc)
                 }
-                _ => self.fwd_primal(inputs[0], arity, yloc)?,
+                _ => self.fwd_primal(ff, inputs[0], arity, yloc)?,
             };
             let mut ins = Vec::with_capacity(2 * arity + 1);
             ins.push(callee);
             for &a in &inputs[1..] {
-                ins.push(self.fwd_primal(a, arity, yloc)?);
+                ins.push(self.fwd_primal(ff, a, arity, yloc)?);
             }
             for &a in &inputs[1..] {
                 ins.push(self.fwd_tangent(ff, a));
@@ -251,7 +296,9 @@ impl Ad<'_> {
             let yp = self.get(ff, r, 0, yloc);
             let dy = self.get(ff, r, 1, yloc);
             self.f_primal.insert(y, yp);
+            self.prov.origin.insert(yp, y);
             self.f_tangent.insert(y, dy);
+            self.prov.tangent_origin.insert(dy, y);
             if y == out {
                 out_pair = Some(r);
             }
@@ -260,7 +307,7 @@ impl Ad<'_> {
             // A call in output position stays a tail call.
             Some(r) => r,
             None => {
-                let yp = self.fwd_primal(out, 0, floc)?;
+                let yp = self.fwd_primal(ff, out, 0, floc)?;
                 let dy = self.fwd_tangent(ff, out);
                 self.prim(ff, Prim::MakeTuple, &[yp, dy], floc)
             }
@@ -327,7 +374,14 @@ impl Ad<'_> {
         let dxs: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(fg, format!("dx{i}"), loc))
             .collect();
-        let out = self.prim(fg, p, &xs, loc);
+        let out = if matches!(p, Prim::AdDyn | Prim::AdLift) {
+            let mut args = xs.clone();
+            let last = args.len() - 1;
+            args[last] = super::nest(self, fg, xs[last], 2);
+            self.prim(fg, p, &args, loc)
+        } else {
+            self.prim(fg, p, &xs, loc)
+        };
         let dout = if !differentiable || arity == 0 {
             self.zero(fg, loc)
         } else {
@@ -432,7 +486,10 @@ impl Ad<'_> {
             Prim::RecordGrad => self.prim(g, Prim::RecordGrad, &[xs[0], xs[1], dxs[2]], loc),
             Prim::TreeFill => self.prim(g, Prim::TreeFill, &[xs[0], dxs[1]], loc),
             Prim::TreeGAdd => self.prim(g, Prim::TreeGAdd, &[dxs[0]], loc),
-            Prim::Zero | Prim::StopGradient => self.zero(g, loc),
+            // Lifting is the identity on data: the tangent passes through.
+            Prim::AdLift => dxs[0],
+            // A function made at run time carries no tangent (see `dynamic`).
+            Prim::Zero | Prim::StopGradient | Prim::AdDyn => self.zero(g, loc),
             _ => unreachable!("only structural primitives have generated tangent rules"),
         }
     }

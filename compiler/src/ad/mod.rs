@@ -25,6 +25,7 @@
 //! tangents together, with the tangent rules of `stdlib/jvp.adj`. Both
 //! share the request queue, the checks and the rule table ([`Rules`]).
 
+pub mod dynamic;
 mod forward;
 
 use std::collections::{HashMap, HashSet};
@@ -113,7 +114,30 @@ pub fn rule_is_generated(p: Prim) -> bool {
             | Prim::Index
             | Prim::IndexGrad
             | Prim::TreeMap
+            | Prim::AdLift
+            | Prim::AdDyn
     )
+}
+
+/// Where the transforms' graphs came from, for differentiating function
+/// values at run time ([`dynamic`]): each `J`/`F` graph's source and mode,
+/// and for each forward node the original node it stands for.
+#[derive(Clone, Debug, Default)]
+pub struct Provenance {
+    /// `J(f)` → (1, f); `F(f)` → (2, f).
+    pub graphs: HashMap<GraphId, (u8, GraphId)>,
+    /// A node of a `J`/`F` graph → the original node whose (primal) value
+    /// it is.
+    pub origin: HashMap<NodeId, NodeId>,
+    /// A tangent node of an `F` graph → the original node it is the
+    /// tangent of.
+    pub tangent_origin: HashMap<NodeId, NodeId>,
+    /// Forward graphs built at run time take the tangents of their
+    /// captured values as free variables too: placeholder nodes (params of
+    /// the graph `holder`), by the captured node, and back.
+    pub placeholder: HashMap<NodeId, NodeId>,
+    pub placeholder_of: HashMap<NodeId, NodeId>,
+    pub holder: Option<GraphId>,
 }
 
 /// Builds every requested graph. Returns checks that need types (the
@@ -123,25 +147,9 @@ pub fn run(
     requests: &[AdRequest],
     rules: &Rules,
     effectful: &HashSet<GraphId>,
+    prov: &mut Provenance,
 ) -> Result<Vec<Check>, AdError> {
-    let mut ad = Ad {
-        m,
-        rules,
-        effectful,
-        fv: FreeVars::default(),
-        j_graphs: HashMap::new(),
-        j_closed: HashMap::new(),
-        j_prims: HashMap::new(),
-        node_map: HashMap::new(),
-        f_graphs: HashMap::new(),
-        f_closed: HashMap::new(),
-        f_prims: HashMap::new(),
-        f_primal: HashMap::new(),
-        f_tangent: HashMap::new(),
-        f_zeros: HashMap::new(),
-        tree_picks: HashMap::new(),
-        checks: Vec::new(),
-    };
+    let mut ad = Ad::new(m, rules, effectful, prov);
     // A request may differentiate a function that contains another request's
     // target: build the inner ones first.
     let mut pending: Vec<usize> = (0..requests.len()).collect();
@@ -171,7 +179,18 @@ struct Ad<'a> {
     m: &'a mut Module,
     rules: &'a Rules,
     effectful: &'a HashSet<GraphId>,
+    prov: &'a mut Provenance,
     fv: FreeVars,
+    /// Whether values from outside the transformed graphs are lifted with
+    /// `ad_lift` (compile-time requests, whose closures capture them as
+    /// they are) or used as they are (graphs built at run time for a
+    /// closure, whose captures arrive lifted).
+    lift_outside: bool,
+    /// Whether a request differentiates its source through `ad_lift` of
+    /// the source's closure (requests built at run time).
+    lift_source: bool,
+    /// `ad_lift(n, mode)` made in a graph, by (graph, n, mode).
+    lifted: HashMap<(GraphId, NodeId, u8), NodeId>,
     /// J of graphs with free variables: valid within one request only (the
     /// free variables map to that request's forward nodes).
     j_graphs: HashMap<GraphId, GraphId>,
@@ -196,7 +215,55 @@ struct Ad<'a> {
     checks: Vec<Check>,
 }
 
-impl Ad<'_> {
+impl<'a> Ad<'a> {
+    fn new(
+        m: &'a mut Module,
+        rules: &'a Rules,
+        effectful: &'a HashSet<GraphId>,
+        prov: &'a mut Provenance,
+    ) -> Ad<'a> {
+        Ad {
+            m,
+            rules,
+            effectful,
+            prov,
+            fv: FreeVars::default(),
+            lift_outside: true,
+            lift_source: false,
+            lifted: HashMap::new(),
+            j_graphs: HashMap::new(),
+            j_closed: HashMap::new(),
+            j_prims: HashMap::new(),
+            node_map: HashMap::new(),
+            f_graphs: HashMap::new(),
+            f_closed: HashMap::new(),
+            f_prims: HashMap::new(),
+            f_primal: HashMap::new(),
+            f_tangent: HashMap::new(),
+            f_zeros: HashMap::new(),
+            tree_picks: HashMap::new(),
+            checks: Vec::new(),
+        }
+    }
+
+    /// Node `n` from outside the transformed graphs, as graph `g` of a
+    /// transform (mode 1: reverse, 2: forward) uses it: `ad_lift(n)`, or
+    /// `n` itself where captures arrive lifted.
+    fn outside(&mut self, g: GraphId, n: NodeId, mode: u8) -> NodeId {
+        if !self.lift_outside {
+            return n;
+        }
+        if let Some(l) = self.lifted.get(&(g, n, mode)) {
+            return *l;
+        }
+        let loc = self.m.node(n).loc;
+        let k = self.konst(Const::Int(mode as i64), loc);
+        let w = self.konst(Const::Int(0), loc);
+        let l = self.prim(g, Prim::AdLift, &[n, k, w], loc);
+        self.lifted.insert((g, n, mode), l);
+        l
+    }
+
     fn konst(&mut self, c: Const, loc: Loc) -> NodeId {
         self.m.add_const(c, loc)
     }
@@ -234,7 +301,11 @@ impl Ad<'_> {
         if let AdKind::Jvp = req.kind {
             return self.build_jvp(t, src, loc);
         }
-        let jf = self.j_graph(src, loc)?;
+        let jf = if self.lift_source {
+            None
+        } else {
+            Some(self.j_graph(src, loc)?)
+        };
         match &req.kind {
             AdKind::Grad {
                 argnums,
@@ -244,8 +315,16 @@ impl Ad<'_> {
                     .iter()
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
-                let (y, bp) = self.forward(t, jf, &ps, loc);
-                let one = self.prim(t, Prim::OnesLike, &[y], loc);
+                let (y, bp) = self.forward(t, jf, src, &ps, loc);
+                let one = if self.lift_source {
+                    // No type check runs on a request built at run time:
+                    // a result that is not a scalar is an error here.
+                    let o = self.prim(t, Prim::OnesLike, &[y], loc);
+                    let scalar = self.konst(Const::Unit, loc);
+                    self.prim(t, Prim::Reshape, &[o, scalar], loc)
+                } else {
+                    self.prim(t, Prim::OnesLike, &[y], loc)
+                };
                 let d = self.call(t, bp, &[one], loc);
                 let which: Vec<usize> = argnums.clone().unwrap_or_else(|| vec![0]);
                 let mut grads = Vec::new();
@@ -290,7 +369,7 @@ impl Ad<'_> {
                     .iter()
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
-                let (y, bp) = self.forward(t, jf, &ps, loc);
+                let (y, bp) = self.forward(t, jf, src, &ps, loc);
                 let pb = self.m.add_graph(format!("pullback.{}", req.name), loc);
                 let dy = self.m.add_param(pb, "dy", loc);
                 self.pull_back(pb, bp, dy, &ps, loc);
@@ -309,10 +388,26 @@ impl Ad<'_> {
         self.m.set_output(g, o);
     }
 
-    /// In graph `g`: calls `J(f)` on `args`; returns the value and the
+    /// In graph `g`: calls `J(f)` (graph `jf`, or when `None` the run-time
+    /// lift of `src`'s closure) on `args`; returns the value and the
     /// backpropagator.
-    fn forward(&mut self, g: GraphId, jf: GraphId, args: &[NodeId], loc: Loc) -> (NodeId, NodeId) {
-        let jfr = self.gref(jf, loc);
+    fn forward(
+        &mut self,
+        g: GraphId,
+        jf: Option<GraphId>,
+        src: GraphId,
+        args: &[NodeId],
+        loc: Loc,
+    ) -> (NodeId, NodeId) {
+        let jfr = match jf {
+            Some(jf) => self.gref(jf, loc),
+            None => {
+                let f = self.gref(src, loc);
+                let one = self.konst(Const::Int(1), loc);
+                let w = self.konst(Const::Int(0), loc);
+                self.prim(g, Prim::AdLift, &[f, one, w], loc)
+            }
+        };
         let r = self.call(g, jfr, args, loc);
         let y = self.get(g, r, 0, loc);
         let bp = self.get(g, r, 1, loc);
@@ -332,7 +427,7 @@ impl Ad<'_> {
     }
 
     /// The forward value standing for `n` inside the J graph being built.
-    fn jmap(&mut self, n: NodeId, arity: usize, at: Loc) -> R<NodeId> {
+    fn jmap(&mut self, g: GraphId, n: NodeId, arity: usize, at: Loc) -> R<NodeId> {
         match self.m.node(n).kind.clone() {
             NodeKind::Const(Const::Prim(p)) => {
                 let g = self.j_prim(p, arity, at)?;
@@ -343,7 +438,10 @@ impl Ad<'_> {
                 Ok(self.gref(g, at))
             }
             NodeKind::Const(_) => Ok(n),
-            _ => Ok(self.node_map.get(&n).copied().unwrap_or(n)),
+            _ => match self.node_map.get(&n) {
+                Some(v) => Ok(*v),
+                None => Ok(self.outside(g, n, 1)),
+            },
         }
     }
 
@@ -368,6 +466,7 @@ impl Ad<'_> {
         let name = self.m.graph(f).name.clone();
         let floc = self.m.graph(f).loc;
         let jf = self.m.add_graph(format!("J.{name}"), floc);
+        self.prov.graphs.insert(jf, (1, f));
         if closed {
             self.j_closed.insert(f, jf);
         } else {
@@ -378,6 +477,7 @@ impl Ad<'_> {
         for (p, nm) in params.iter().zip(pnames) {
             let jp = self.m.add_param(jf, nm, self.m.node(*p).loc);
             self.node_map.insert(*p, jp);
+            self.prov.origin.insert(jp, *p);
         }
         let body = graph_body_with(self.m, f, &self.fv);
         let mut bps: HashMap<NodeId, NodeId> = HashMap::new();
@@ -392,7 +492,7 @@ impl Ad<'_> {
             let arity = inputs.len() - 1;
             let mut ins = Vec::with_capacity(inputs.len());
             for &i in &inputs {
-                ins.push(self.jmap(i, arity, yloc)?);
+                ins.push(self.jmap(jf, i, arity, yloc)?);
             }
             // A cast to an int or bool dtype has no derivative: its result
             // carries none, so nothing flows back through it.
@@ -407,10 +507,11 @@ impl Ad<'_> {
             let yv = self.get(jf, r, 0, yloc);
             let bp = self.get(jf, r, 1, yloc);
             self.node_map.insert(y, yv);
+            self.prov.origin.insert(yv, y);
             bps.insert(y, bp);
         }
         let out = self.m.graph(f).output.expect("lowered graphs have outputs");
-        let out_v = self.jmap(out, 0, floc)?;
+        let out_v = self.jmap(jf, out, 0, floc)?;
 
         // The backpropagator.
         let bf = self.m.add_graph(format!("B.{name}"), floc);
@@ -559,7 +660,16 @@ impl Ad<'_> {
         let xs: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(jg, format!("x{i}"), loc))
             .collect();
-        let out = self.prim(jg, p, &xs, loc);
+        let out = if matches!(p, Prim::AdDyn | Prim::AdLift) {
+            // Inside reverse-mode code the result is the J transform of
+            // what the plain operation gives: one more level of nesting.
+            let mut args = xs.clone();
+            let last = args.len() - 1;
+            args[last] = nest(self, jg, xs[last], 1);
+            self.prim(jg, p, &args, loc)
+        } else {
+            self.prim(jg, p, &xs, loc)
+        };
 
         let bg = self.m.add_graph(format!("B.{}{suffix}", info.name), loc);
         let dout = self.m.add_param(bg, "dout", loc);
@@ -679,6 +789,14 @@ impl Ad<'_> {
         let loc = Loc::NONE;
         let mut cots = Vec::new();
         match p {
+            // The cotangent of a transformed closure is that of the
+            // closure: an environment keyed by the same free variables.
+            Prim::AdLift | Prim::AdDyn => {
+                cots.push(dout);
+                for _ in 1..xs.len() {
+                    cots.push(self.zero(g, loc));
+                }
+            }
             Prim::MakeTuple => {
                 for i in 0..xs.len() {
                     cots.push(self.get(g, dout, i, loc));
@@ -782,6 +900,16 @@ fn kind_name(k: &AdKind) -> &'static str {
     }
 }
 
+/// In graph `g`: the nesting code `wrap` of `ad_dyn` with one more
+/// transform (`mode` 1: reverse, 2: forward) around it, `wrap * 3 + mode`.
+fn nest(ad: &mut Ad<'_>, g: GraphId, wrap: NodeId, mode: i64) -> NodeId {
+    let loc = Loc::NONE;
+    let three = ad.konst(Const::Int(3), loc);
+    let m = ad.konst(Const::Int(mode), loc);
+    let w = ad.prim(g, Prim::Mul, &[wrap, three], loc);
+    ad.prim(g, Prim::Add, &[w, m], loc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -840,7 +968,14 @@ mod tests {
             } else {
                 rules.prims.remove(&Prim::Trigamma);
             }
-            let e = run(&mut l.module, &l.ad_requests, &rules, &l.effectful).unwrap_err();
+            let e = run(
+                &mut l.module,
+                &l.ad_requests,
+                &rules,
+                &l.effectful,
+                &mut Provenance::default(),
+            )
+            .unwrap_err();
             assert_eq!(e.message, "`trigamma` has no derivative rule");
             assert_eq!(&src[e.loc.lo as usize..e.loc.hi as usize], "trigamma(x)");
             let note = e.note.unwrap_or_default();

@@ -191,6 +191,16 @@ impl AbsVal {
         AbsVal::Tuple(Vec::new())
     }
 
+    /// Whether a function, or a part of unknown type, occurs in the value.
+    pub fn has_function_or_unknown(&self) -> bool {
+        match self {
+            AbsVal::Func(_) | AbsVal::Unknown => true,
+            AbsVal::Tuple(items) => items.iter().any(AbsVal::has_function_or_unknown),
+            AbsVal::Record(fields) => fields.iter().any(|(_, v)| v.has_function_or_unknown()),
+            _ => false,
+        }
+    }
+
     pub fn is_unit(&self) -> bool {
         matches!(self, AbsVal::Tuple(t) if t.is_empty())
     }

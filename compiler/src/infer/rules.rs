@@ -428,6 +428,14 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
                 .into_iter()
                 .fold(AbsVal::Unknown, |acc, leaf| gadd(&acc, leaf)))
         }
+        // A value with no function in it is lifted to itself; a lifted
+        // function is a transform built at run time, of unknown type.
+        Prim::AdLift => Ok(if args[0].has_function_or_unknown() {
+            AbsVal::Unknown
+        } else {
+            args[0].clone()
+        }),
+        Prim::AdDyn => Ok(AbsVal::Unknown),
         Prim::TreeFill => {
             let d = tensor(op, &args[1])?;
             if shape::size(&d.shape) != 1 {

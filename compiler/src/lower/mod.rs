@@ -76,12 +76,23 @@ pub struct Lowered {
     /// Graphs to build by differentiation, and the rules to build them.
     pub ad_requests: Vec<AdRequest>,
     pub ad_rules: Rules,
+    /// Where the graphs made by differentiation came from (for
+    /// differentiating function values at run time).
+    pub ad_provenance: crate::ad::Provenance,
     /// Files of the standard library (errors inside them are reported at
     /// the user code that called into them).
     pub stdlib_files: Vec<FileId>,
 }
 
 type R<T> = Result<T, Diagnostic>;
+
+/// What `grad(f)` and friends differentiate.
+enum DiffTarget {
+    /// A function known at compile time, with its name for messages.
+    Static(GraphId, String),
+    /// A function value, differentiated when the program runs.
+    Value(NodeId),
+}
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 struct FnKey {
@@ -193,6 +204,9 @@ pub struct Lowerer<'a> {
     depth: usize,
     checks: Vec<Check>,
     ad_requests: Vec<AdRequest>,
+    /// Whether some `grad(..)` differentiates a function value (the rules
+    /// are then needed when the program runs).
+    dynamic_ad: bool,
     bprop_mod: Option<usize>,
     /// The tangent rules (`stdlib/jvp.adj`).
     jvp_mod: Option<usize>,
@@ -226,7 +240,9 @@ fn user_prim(name: &str) -> Option<Prim> {
         | Prim::MakeRecord
         | Prim::RecordGet
         | Prim::TensorLiteral
-        | Prim::Switch => None,
+        | Prim::Switch
+        | Prim::AdLift
+        | Prim::AdDyn => None,
         _ => Some(p),
     }
 }
@@ -263,6 +279,7 @@ impl<'a> Lowerer<'a> {
             depth: 0,
             checks: Vec::new(),
             ad_requests: Vec::new(),
+            dynamic_ad: false,
             bprop_mod: None,
             jvp_mod: None,
         };
@@ -297,7 +314,7 @@ impl<'a> Lowerer<'a> {
             }
         }
         lw.drain_pending();
-        let ad_rules = if lw.ad_requests.is_empty() {
+        let ad_rules = if lw.ad_requests.is_empty() && !lw.dynamic_ad {
             Rules::default()
         } else {
             lw.lower_rules()
@@ -312,6 +329,7 @@ impl<'a> Lowerer<'a> {
             checks: lw.checks,
             ad_requests: lw.ad_requests,
             ad_rules,
+            ad_provenance: Default::default(),
             stdlib_files: lw
                 .mods
                 .iter()
@@ -1349,7 +1367,7 @@ impl<'a> Lowerer<'a> {
                 span,
             ));
         };
-        let (source, name) = self.resolve_static_fn(module, cx, &first.value)?;
+        let target_fn = self.resolve_fn(module, cx, &first.value)?;
         let mut argnums = None;
         let mut rest = Vec::new();
         for a in &args[1..] {
@@ -1375,7 +1393,7 @@ impl<'a> Lowerer<'a> {
                     ));
                 }
                 AdKind::Grad {
-                    argnums,
+                    argnums: argnums.clone(),
                     with_value: which == "value_and_grad",
                 }
             }
@@ -1388,6 +1406,34 @@ impl<'a> Lowerer<'a> {
                     ));
                 }
                 AdKind::Jvp
+            }
+        };
+        let (source, name) = match target_fn {
+            DiffTarget::Static(g, name) => (g, name),
+            DiffTarget::Value(f) => {
+                // A function value: differentiated when the program runs.
+                self.dynamic_ad = true;
+                let nums = argnums
+                    .iter()
+                    .flatten()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let args = [
+                    f,
+                    self.konst(Const::Str(which.into()), span),
+                    self.konst(Const::Str(nums.into()), span),
+                    self.konst(Const::Int(0), span),
+                ];
+                let d = self.m.add_prim(cx.graph, Prim::AdDyn, &args, loc(span));
+                if which == "grad" || which == "value_and_grad" {
+                    return Ok(d);
+                }
+                let mut vals = Vec::new();
+                for a in rest {
+                    vals.push(self.lower_expr(module, cx, &a.value)?);
+                }
+                return self.call(cx, d, vals, false, span);
             }
         };
         let target = self.m.add_graph(format!("{which}.{name}"), loc(span));
@@ -1422,16 +1468,10 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// The graph of a function known at compile time: a function name, a
-    /// lambda, a module member, or another `grad(..)`.
-    fn resolve_static_fn(&mut self, module: usize, cx: &mut Cx, e: &Expr) -> R<(GraphId, String)> {
-        let dynamic = || {
-            Diagnostic::error(
-                "differentiation needs a function known at compile time",
-                e.span,
-            )
-            .with_note("pass a function by name, a lambda, or `grad(..)` of one")
-        };
+    /// What `grad(e)` differentiates: the graph of a function known at
+    /// compile time (a function name, a lambda, a module member, another
+    /// `grad(..)`), or else the function value `e` evaluates to.
+    fn resolve_fn(&mut self, module: usize, cx: &mut Cx, e: &Expr) -> R<DiffTarget> {
         let io = |n: &str| {
             let mut d = Diagnostic::error(
                 format!("IO inside differentiated code: `{n}` prints or reads/writes files"),
@@ -1453,18 +1493,21 @@ impl<'a> Lowerer<'a> {
                         if f.effectful {
                             return Err(io(n));
                         }
-                        return Ok((f.graph, n.clone()));
+                        return Ok(DiffTarget::Static(f.graph, n.clone()));
                     }
                     Some(Binding::Val(v)) => {
-                        return match self.m.as_const(v) {
-                            Some(Const::Graph(g)) => Ok((*g, n.clone())),
-                            _ => Err(dynamic()),
-                        }
+                        return Ok(match self.m.as_const(v) {
+                            Some(Const::Graph(g)) => DiffTarget::Static(*g, n.clone()),
+                            _ => DiffTarget::Value(v),
+                        })
                     }
                     Some(Binding::Var(v)) => {
-                        return match cx.vals.get(&v).and_then(|x| self.m.as_const(*x)) {
-                            Some(Const::Graph(g)) => Ok((*g, n.clone())),
-                            _ => Err(dynamic()),
+                        return match cx.vals.get(&v).copied() {
+                            Some(x) => Ok(match self.m.as_const(x) {
+                                Some(Const::Graph(g)) => DiffTarget::Static(*g, n.clone()),
+                                _ => DiffTarget::Value(x),
+                            }),
+                            None => Ok(DiffTarget::Value(self.lower_expr(module, cx, e)?)),
                         }
                     }
                     None => {}
@@ -1473,11 +1516,11 @@ impl<'a> Lowerer<'a> {
                     if self.effectful.contains(&key) {
                         return Err(io(n));
                     }
-                    return Ok((self.fn_graph(key), n.clone()));
+                    return Ok(DiffTarget::Static(self.fn_graph(key), n.clone()));
                 }
                 if let Some(p) = self.prim_named(module, n) {
                     if p.category() != prim::Category::Io {
-                        return Ok((self.prim_value(p, e.span), n.clone()));
+                        return Ok(DiffTarget::Static(self.prim_value(p, e.span), n.clone()));
                     }
                     return Err(io(n));
                 }
@@ -1490,12 +1533,12 @@ impl<'a> Lowerer<'a> {
                     ExprKind::Lambda { .. } => "lambda".to_string(),
                     _ => "fn".to_string(),
                 };
-                match self.m.as_const(node) {
-                    Some(Const::Graph(g)) => Ok((*g, name)),
-                    _ => Err(dynamic()),
-                }
+                Ok(match self.m.as_const(node) {
+                    Some(Const::Graph(g)) => DiffTarget::Static(*g, name),
+                    _ => DiffTarget::Value(node),
+                })
             }
-            _ => Err(dynamic()),
+            _ => Ok(DiffTarget::Value(self.lower_expr(module, cx, e)?)),
         }
     }
 

@@ -193,7 +193,9 @@ impl Rewriter<'_> {
                 | Prim::EnvGetitem
                 | Prim::Switch
                 | Prim::TreeMap
-                | Prim::TreeGAdd => return false,
+                | Prim::TreeGAdd
+                | Prim::AdLift
+                | Prim::AdDyn => return false,
                 Prim::GAdd => {
                     let (a, b) = (self.resolve(ins[1]), self.resolve(ins[2]));
                     return self.never_zero(a) || self.never_zero(b);

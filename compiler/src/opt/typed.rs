@@ -30,7 +30,7 @@ impl Rewriter<'_> {
             return;
         };
         // A value known in full: a weak int, a bool, or a tuple of those.
-        if !matches!(self.m.as_const(n), Some(_)) {
+        if self.m.as_const(n).is_none() {
             if let Some(c) = self.constant(g, n, &v) {
                 self.stats.simplified += 1;
                 self.replace(g, n, c);
@@ -98,6 +98,14 @@ impl Rewriter<'_> {
             // the leafwise calls, which inlining then turns into code
             // (and fusion into kernels).
             Prim::TreeMap if inputs.len() >= 3 => self.unroll_tree_map(g, n, &inputs[1..], types),
+            // Lifting a value with no function in it changes nothing.
+            Prim::AdLift if inputs.len() == 4 => {
+                let x = self.resolve(inputs[1]);
+                match types.value_of(x) {
+                    Some(t) if !t.has_function_or_unknown() => Some(x),
+                    _ => None,
+                }
+            }
             _ => None,
         };
         if let Some(by) = by {

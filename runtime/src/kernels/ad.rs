@@ -648,6 +648,60 @@ fn fill(t: &Value, d: &Tensor) -> Result<Value, RtError> {
     }
 }
 
+/// `ad_lift(v, mode)`: `v` as differentiated code (mode 1: reverse, 2:
+/// forward) represents it; see [`crate::dynamic`].
+pub fn ad_lift(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    arity("ad_lift", args, 3)?;
+    let mode = int("ad_lift", &args[1], "the mode")?;
+    if !(1..=2).contains(&mode) {
+        return Err(RtError::new(format!("ad_lift: unknown mode {mode}")));
+    }
+    let wrap = int("ad_lift", &args[2], "the nesting")?;
+    if !contains_function(&args[0]) {
+        return Ok(args[0].clone());
+    }
+    ctx.transform(
+        &args[0],
+        &crate::dynamic::DynOp::Lift {
+            mode: mode as u8,
+            wrap,
+        },
+    )
+}
+
+/// `ad_dyn(f, kind, argnums, wrap)`: `grad(f)` (or `value_and_grad`,
+/// `vjp`, `jvp`) of a function value; see [`crate::dynamic`].
+pub fn ad_dyn(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    arity("ad_dyn", args, 4)?;
+    let kind = string("ad_dyn", &args[1], "the transform")?.to_string();
+    let argnums = string("ad_dyn", &args[2], "argnums")?.to_string();
+    let wrap = int("ad_dyn", &args[3], "the nesting")?;
+    if !matches!(args[0], Value::Func(_)) {
+        return Err(RtError::new(format!(
+            "{kind} needs a function, got {}",
+            args[0].kind()
+        )));
+    }
+    ctx.transform(
+        &args[0],
+        &crate::dynamic::DynOp::Request {
+            kind,
+            argnums,
+            wrap,
+        },
+    )
+}
+
+/// Whether a closure occurs in `v` (tuples and records are searched).
+pub fn contains_function(v: &Value) -> bool {
+    match v {
+        Value::Func(_) => true,
+        Value::Tuple(t) => t.iter().any(contains_function),
+        Value::Record(r) => r.fields.iter().any(|(_, x)| contains_function(x)),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testing::{call, call_err, f32s, f64s, i64s, shape_of, v};

@@ -52,6 +52,13 @@ pub trait Ctx {
     fn call(&mut self, f: &Value, args: &[Value]) -> Result<Value, RtError>;
     /// Where `print` writes.
     fn stdout(&mut self) -> &mut dyn Write;
+    /// Differentiates a function value (`ad_lift`, `ad_dyn`): only a
+    /// program the compiler gave a [`crate::dynamic::Dynamic`] hook can.
+    fn transform(&mut self, _f: &Value, _op: &crate::dynamic::DynOp) -> Result<Value, RtError> {
+        Err(RtError::new(
+            "differentiation of function values needs the compiler at run time",
+        ))
+    }
 }
 
 /// The signature of every kernel.
@@ -206,6 +213,8 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("tree_map", tree::tree_map),
     ("tree_sum", tree::tree_sum),
     ("tree_gadd", tree::tree_gadd),
+    ("ad_lift", ad::ad_lift),
+    ("ad_dyn", ad::ad_dyn),
     // structure
     ("make_tuple", structural::make_tuple),
     ("tuple_get", structural::tuple_get),
