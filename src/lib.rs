@@ -17,6 +17,24 @@ pub use adjoint_runtime::value::Value;
 /// (eager, for debugging), or through the optimiser (graph, the default).
 pub use adjoint_compiler::pipeline::Mode;
 
+/// What [`Session::run_main_with_stats`] measured.
+#[derive(Clone, Debug, Default)]
+pub struct RunStats {
+    /// Parsing is done by `load_*`; this is checking, optimising and
+    /// compiling `main`.
+    pub compile: std::time::Duration,
+    pub run: std::time::Duration,
+    /// The most heap memory the compile step added to what was in use
+    /// before it.
+    pub compile_peak_bytes: usize,
+    /// The most heap memory the run added to what was in use before it.
+    pub run_peak_bytes: usize,
+    /// Calls of fused (Cranelift) kernels, and how many of them wrote their
+    /// result over an input that died there.
+    pub kernel_calls: usize,
+    pub kernels_in_place: usize,
+}
+
 /// Errors carry their diagnostics and the sources they point into.
 #[derive(Debug)]
 pub struct SessionError {
@@ -233,12 +251,62 @@ impl Session {
             .map_err(|d| self.error(d))
     }
 
+    /// Runs `main` like [`Session::run_main`] and measures it: compile and
+    /// run times, and the peak heap memory of each phase (measured only
+    /// when the program's allocator is
+    /// [`adjoint_runtime::memory::CountingAlloc`], as in the `adjoint`
+    /// command; zeros otherwise).
+    pub fn run_main_with_stats(
+        &self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<RunStats, SessionError> {
+        use adjoint_runtime::memory::{heap_in_use, heap_peak, reset_heap_peak};
+        let program = self.program();
+        let mode = self.mode;
+        let start = heap_in_use();
+        reset_heap_peak();
+        let t0 = std::time::Instant::now();
+        let ex = with_stack(|| program.prepare_main(mode)).map_err(|d| self.error(d))?;
+        let compile = t0.elapsed();
+        let compile_peak = heap_peak().saturating_sub(start);
+        let before_run = heap_in_use();
+        reset_heap_peak();
+        let calls0 = adjoint_compiler::fuse::kernel_calls();
+        let t1 = std::time::Instant::now();
+        program.execute_main(&ex, out).map_err(|d| self.error(d))?;
+        let run = t1.elapsed();
+        let calls1 = adjoint_compiler::fuse::kernel_calls();
+        Ok(RunStats {
+            compile,
+            run,
+            compile_peak_bytes: compile_peak,
+            run_peak_bytes: heap_peak().saturating_sub(before_run),
+            kernel_calls: calls1.0 - calls0.0,
+            kernels_in_place: calls1.1 - calls0.1,
+        })
+    }
+
     /// The graph IR of one function (with everything it refers to), or of
     /// every function of the file.
     pub fn emit_ir(&self, function: Option<&str>) -> Result<String, SessionError> {
         let p = self.program();
         let roots = self.roots(function)?;
         Ok(print_module(&p.lowered.module, &roots, None))
+    }
+
+    /// [`Session::emit_ir`] as a Graphviz drawing (`dot` syntax).
+    pub fn emit_ir_dot(&self, function: Option<&str>) -> Result<String, SessionError> {
+        let p = self.program();
+        let roots = self.roots(function)?;
+        Ok(adjoint_compiler::ir::dot::to_dot(&p.lowered.module, &roots))
+    }
+
+    /// [`Session::emit_opt`] as a Graphviz drawing (`dot` syntax).
+    pub fn emit_opt_dot(&self, function: Option<&str>) -> Result<String, SessionError> {
+        let p = self.program();
+        let roots = self.roots(function)?;
+        let (m, _) = with_stack(|| p.optimized(&roots));
+        Ok(adjoint_compiler::ir::dot::to_dot(&m, &roots))
     }
 
     /// The IR after the optimiser, with a header comment saying what it

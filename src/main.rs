@@ -50,6 +50,10 @@ enum Command {
         /// differentiated, one primitive at a time (for debugging).
         #[arg(long, value_enum, default_value = "graph")]
         mode: ModeArg,
+        /// Print compile and run times, peak heap memory and kernel counts
+        /// to stderr after the run.
+        #[arg(long)]
+        stats: bool,
     },
     /// Parse, lower and type-check a program without running it.
     Check { file: PathBuf },
@@ -81,6 +85,10 @@ enum Command {
         /// Function to show (default: every function of the file).
         #[arg(long = "fn")]
         function: Option<String>,
+        /// Write the IR of the stage (ir, grad, opt, grad-opt) as a
+        /// Graphviz drawing to this file instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        dot: Option<PathBuf>,
     },
 }
 
@@ -109,12 +117,12 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> ExitCode {
     let color = std::io::stderr().is_terminal();
     let result = match cli.command {
-        Command::Run { file, mode } => {
+        Command::Run { file, mode, stats } => {
             let mode = match mode {
                 ModeArg::Eager => Mode::Eager,
                 ModeArg::Graph => Mode::Graph,
             };
-            run_file(&file, mode)
+            run_file(&file, mode, stats)
         }
         Command::Check { file } => Session::new(Mode::Eager)
             .load_file(&file)
@@ -123,7 +131,8 @@ fn run(cli: Cli) -> ExitCode {
             file,
             stage,
             function,
-        } => emit(&file, stage, function.as_deref()),
+            dot,
+        } => emit(&file, stage, function.as_deref(), dot.as_deref()),
         Command::Grad { file, function, at } => {
             run_driver(&file, driver::grad_driver(&file, &function, &at)).map(|_| ())
         }
@@ -160,12 +169,36 @@ fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn run_file(file: &std::path::Path, mode: Mode) -> Result<(), SessionError> {
+fn run_file(file: &std::path::Path, mode: Mode, stats: bool) -> Result<(), SessionError> {
     let session = Session::new(mode).load_file(file)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    session.run_main(&mut out)
+    if !stats {
+        return session.run_main(&mut out);
+    }
+    let s = session.run_main_with_stats(&mut out)?;
+    drop(out);
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "stats: compile {:.1} ms, peak heap {:.2} MiB",
+        s.compile.as_secs_f64() * 1e3,
+        mib(s.compile_peak_bytes)
+    );
+    eprintln!(
+        "stats: run {:.1} ms, peak heap {:.2} MiB above what was in use before it",
+        s.run.as_secs_f64() * 1e3,
+        mib(s.run_peak_bytes)
+    );
+    eprintln!(
+        "stats: {} fused kernel calls, {} of them wrote over an input that died there",
+        s.kernel_calls, s.kernels_in_place
+    );
+    Ok(())
 }
+
+/// Counts heap bytes for `--stats` (and nothing else).
+#[global_allocator]
+static ALLOC: adjoint_runtime::memory::CountingAlloc = adjoint_runtime::memory::CountingAlloc;
 
 /// Loads `file` with a generated driver function appended and runs it.
 fn run_driver(file: &std::path::Path, src: Result<String, String>) -> Result<Value, SessionError> {
@@ -176,7 +209,13 @@ fn run_driver(file: &std::path::Path, src: Result<String, String>) -> Result<Val
     session.run_function(driver::DRIVER, &mut out)
 }
 
-fn emit(file: &std::path::Path, stage: Stage, function: Option<&str>) -> Result<(), SessionError> {
+fn emit(
+    file: &std::path::Path,
+    stage: Stage,
+    function: Option<&str>,
+    dot: Option<&std::path::Path>,
+) -> Result<(), SessionError> {
+    let draw = dot.is_some();
     let text = match stage {
         Stage::Grad | Stage::GradOpt => {
             let Some(f) = function else {
@@ -190,24 +229,40 @@ fn emit(file: &std::path::Path, stage: Stage, function: Option<&str>) -> Result<
                 )));
             };
             let s = Session::new(Mode::Graph).load_file_with(file, &driver::emit_grad_driver(f))?;
-            if stage == Stage::Grad {
-                s.emit_ir(Some(driver::DRIVER))?
-            } else {
-                s.emit_opt(Some(driver::DRIVER))?
+            match (stage == Stage::Grad, draw) {
+                (true, false) => s.emit_ir(Some(driver::DRIVER))?,
+                (true, true) => s.emit_ir_dot(Some(driver::DRIVER))?,
+                (false, false) => s.emit_opt(Some(driver::DRIVER))?,
+                (false, true) => s.emit_opt_dot(Some(driver::DRIVER))?,
             }
+        }
+        Stage::Kernels | Stage::Ast if draw => {
+            return Err(SessionError::message(
+                "`--dot` draws the IR stages: ir, grad, opt and grad-opt".into(),
+            ))
         }
         Stage::Kernels => Session::new(Mode::Graph)
             .load_file(file)?
             .emit_kernels(function.unwrap_or("main"))?,
+        Stage::Opt if draw => Session::new(Mode::Graph)
+            .load_file(file)?
+            .emit_opt_dot(function)?,
         Stage::Opt => Session::new(Mode::Graph)
             .load_file(file)?
             .emit_opt(function)?,
         Stage::Ast => Session::emit_ast(file)?,
+        Stage::Ir if draw => Session::new(Mode::Eager)
+            .load_file(file)?
+            .emit_ir_dot(function)?,
         Stage::Ir => Session::new(Mode::Eager)
             .load_file(file)?
             .emit_ir(function)?,
     };
-    write_stdout(&text)
+    match dot {
+        Some(path) => std::fs::write(path, text)
+            .map_err(|e| SessionError::message(format!("cannot write {}: {e}", path.display()))),
+        None => write_stdout(&text),
+    }
 }
 
 /// Writes to standard output; a reader that has gone away (`| head`) is

@@ -473,3 +473,106 @@ fn no_corpus_program_crashes_any_command() {
         }
     }
 }
+
+/// The run line of `--stats`: the peak heap in MiB.
+fn run_peak_mib(stderr: &str) -> f64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("stats: run"))
+        .unwrap_or_else(|| panic!("no run line in {stderr}"));
+    let at = line.find("peak heap ").expect("peak heap") + "peak heap ".len();
+    line[at..]
+        .split_whitespace()
+        .next()
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no number in {line}"))
+}
+
+#[test]
+fn stats_report_memory_that_planning_saves() {
+    // Five layers: each intermediate is dead after the next layer reads it.
+    let d = Dir::new("stats");
+    d.write(
+        "layers.adj",
+        "fn main() {
+    let w = f64(ones([512, 512])) * 0.001;
+    let x = f64(ones([256, 512]));
+    let h1 = relu(x @ w - 0.01);
+    let h2 = relu(h1 @ w - 0.01);
+    let h3 = relu(h2 @ w - 0.01);
+    let h4 = relu(h3 @ w - 0.01);
+    let h5 = relu(h4 @ w - 0.01);
+    print(sum(h5));
+}
+",
+    );
+    let eager = adjoint(&d, &["run", "layers.adj", "--mode", "eager"]);
+    assert_eq!(eager.code, Some(0), "{eager:?}");
+    let planned = adjoint(&d, &["run", "layers.adj", "--stats"]);
+    assert_eq!(planned.code, Some(0), "{planned:?}");
+    let value = |r: &Run| -> f64 { r.stdout.trim().parse().expect("a number") };
+    // Kernels sum in another order than eager mode's reference kernels.
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-10 * b.abs();
+    assert!(
+        close(value(&planned), value(&eager)),
+        "{planned:?}\n{eager:?}"
+    );
+    let kept = finish(
+        command(&d, &["run", "layers.adj", "--stats"])
+            .env("ADJOINT_KEEP_VALUES", "1")
+            .output()
+            .expect("run"),
+    );
+    assert_eq!(kept.stdout, planned.stdout);
+    // 4 MiB of inputs and 1 MiB per intermediate: releasing each at its
+    // last use keeps about three alive instead of all ten.
+    let (p, k) = (run_peak_mib(&planned.stderr), run_peak_mib(&kept.stderr));
+    assert!(p > 3.0 && p < 0.7 * k, "peak {p} MiB planned, {k} MiB kept");
+    // The element-wise kernels wrote over the products that died there.
+    let kernels = planned
+        .stderr
+        .lines()
+        .find(|l| l.contains("fused kernel calls"))
+        .expect("kernel line");
+    assert!(
+        !kernels.contains(", 0 of them"),
+        "no kernel ran in place: {kernels}"
+    );
+}
+
+#[test]
+fn emit_dot_draws_the_gradient_graphs() {
+    let d = Dir::new("emit-dot");
+    d.write("good.adj", GOOD);
+    let r = adjoint(
+        &d,
+        &[
+            "emit", "good.adj", "--stage", "grad", "--fn", "square", "--dot", "g.dot",
+        ],
+    );
+    assert_succeeds(&r, "");
+    let dot = std::fs::read_to_string(d.0.join("g.dot")).expect("g.dot written");
+    assert!(dot.starts_with("digraph adjoint {"), "{dot}");
+    assert!(dot.trim_end().ends_with('}'), "{dot}");
+    // One cluster per graph: the driver, grad(square), J(square), its
+    // backpropagator, and the rule of `mul`.
+    assert!(dot.matches("subgraph cluster_").count() >= 4, "{dot}");
+    for needle in ["@J.square", "@B.square", " = mul(", " -> "] {
+        assert!(dot.contains(needle), "no {needle:?} in\n{dot}");
+    }
+    // Balanced braces: every cluster is closed.
+    assert_eq!(dot.matches('{').count(), dot.matches('}').count(), "{dot}");
+    let opt = adjoint(
+        &d,
+        &["emit", "good.adj", "--stage", "opt", "--dot", "o.dot"],
+    );
+    assert_succeeds(&opt, "");
+    assert!(std::fs::read_to_string(d.0.join("o.dot"))
+        .expect("o.dot")
+        .contains("label=\"@main\""));
+    let bad = adjoint(
+        &d,
+        &["emit", "good.adj", "--stage", "ast", "--dot", "a.dot"],
+    );
+    assert_fails(&bad, "", &["`--dot` draws the IR stages"]);
+}

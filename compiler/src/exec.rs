@@ -477,7 +477,7 @@ fn compile_graph(
     } else {
         b.operand(output, ex)?
     };
-    Ok(Code {
+    let mut code = Code {
         name: graph.name.clone(),
         n_params: graph.params.len() as u32,
         n_captures: captures.len() as u32,
@@ -485,5 +485,11 @@ fn compile_graph(
         consts: b.consts,
         instrs: b.instrs,
         ret,
-    })
+    };
+    // `ADJOINT_KEEP_VALUES` keeps every value until its function returns
+    // (to measure what releasing them early saves).
+    if std::env::var_os("ADJOINT_KEEP_VALUES").is_none() {
+        crate::plan::move_last_uses(&mut code);
+    }
+    Ok(code)
 }

@@ -8,4 +8,5 @@ pub mod ir;
 pub mod lower;
 pub mod opt;
 pub mod pipeline;
+pub mod plan;
 pub mod prim;

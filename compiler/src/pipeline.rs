@@ -429,7 +429,8 @@ impl adjoint_runtime::vm::NativeKernel for LoadCheck {
         "load_check"
     }
 
-    fn call(&self, args: &[Value]) -> Result<Value, adjoint_runtime::RtError> {
+    fn call(&self, args: Vec<Value>) -> Result<Value, adjoint_runtime::RtError> {
+        let args = &args[..];
         if let (Some(Value::Tuple(items)), Some(Value::Str(path))) = (args.first(), args.get(1)) {
             if let (Some(Value::Tensor(t)), Some((d, shape))) =
                 (items.get(1), self.expected.get(&**path))

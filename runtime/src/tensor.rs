@@ -202,6 +202,9 @@ pub trait Element: Copy + PartialEq + PartialOrd + fmt::Debug + Send + Sync + 's
     fn wrap(v: Vec<Self>) -> Buffer;
     /// The typed elements of a buffer of this dtype.
     fn view(b: &Buffer) -> Option<&[Self]>;
+    /// The elements of a buffer of this dtype that no other value shares,
+    /// moved out; the buffer back otherwise.
+    fn take(b: Buffer) -> Result<Vec<Self>, Buffer>;
     /// The value as an f64 (`true` is 1).
     fn to_f64(self) -> f64;
     /// The value as an i64: floats truncate toward zero (saturating, NaN is
@@ -234,6 +237,12 @@ macro_rules! float_element {
                 match b {
                     Buffer::$variant(v) => Some(v),
                     _ => None,
+                }
+            }
+            fn take(b: Buffer) -> Result<Vec<Self>, Buffer> {
+                match b {
+                    Buffer::$variant(v) => Arc::try_unwrap(v).map_err(Buffer::$variant),
+                    other => Err(other),
                 }
             }
             fn to_f64(self) -> f64 {
@@ -277,6 +286,12 @@ macro_rules! int_element {
                 match b {
                     Buffer::$variant(v) => Some(v),
                     _ => None,
+                }
+            }
+            fn take(b: Buffer) -> Result<Vec<Self>, Buffer> {
+                match b {
+                    Buffer::$variant(v) => Arc::try_unwrap(v).map_err(Buffer::$variant),
+                    other => Err(other),
                 }
             }
             fn to_f64(self) -> f64 {
@@ -329,6 +344,12 @@ impl Element for bool {
         match b {
             Buffer::Bool(v) => Some(v),
             _ => None,
+        }
+    }
+    fn take(b: Buffer) -> Result<Vec<Self>, Buffer> {
+        match b {
+            Buffer::Bool(v) => Arc::try_unwrap(v).map_err(Buffer::Bool),
+            other => Err(other),
         }
     }
     fn to_f64(self) -> f64 {
@@ -507,6 +528,21 @@ impl Tensor {
     /// The storage.
     pub fn buffer(&self) -> &Buffer {
         &self.buffer
+    }
+
+    /// The elements moved out, when the dtype is `T` and no other value
+    /// shares the buffer; the tensor back otherwise.
+    pub fn into_vec<T: Element>(self) -> Result<Vec<T>, Tensor> {
+        let Tensor {
+            buffer,
+            shape,
+            weak,
+        } = self;
+        T::take(buffer).map_err(|buffer| Tensor {
+            buffer,
+            shape,
+            weak,
+        })
     }
 
     /// The elements, if the dtype is `T`'s.

@@ -18,7 +18,21 @@ use crate::value::{Closure, CodeId, Value};
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Operand {
     Slot(u32),
+    /// A slot read for the last time: its value is moved out, so that it
+    /// is released as soon as the instruction is done with it and a kernel
+    /// may find it unshared (and reuse its buffer).
+    Move(u32),
     Const(u32),
+}
+
+impl Operand {
+    /// The slot read, if any.
+    pub fn slot(self) -> Option<u32> {
+        match self {
+            Operand::Slot(s) | Operand::Move(s) => Some(s),
+            Operand::Const(_) => None,
+        }
+    }
 }
 
 /// Machine code made by a backend for part of a graph (a fused kernel):
@@ -27,7 +41,9 @@ pub enum Operand {
 pub trait NativeKernel: Send + Sync {
     /// A short name for traces and debugging output.
     fn name(&self) -> &str;
-    fn call(&self, args: &[Value]) -> Result<Value, RtError>;
+    /// Runs the kernel. The arguments are owned: an argument no one else
+    /// holds may give its buffer to the result.
+    fn call(&self, args: Vec<Value>) -> Result<Value, RtError>;
 }
 
 /// Index into [`Program::locs`]: where in the source an instruction came
@@ -383,7 +399,7 @@ impl<'a> Vm<'a> {
                 } => {
                     let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
                     let (dst, loc) = (*dst, *loc);
-                    match kernel.call(&values) {
+                    match kernel.call(values) {
                         Ok(v) => {
                             let frame = self.frames.last_mut().expect("frame");
                             frame.slots[dst as usize] = Some(v);
@@ -465,11 +481,14 @@ impl<'a> Vm<'a> {
     }
 }
 
-fn read(frame: &Frame, code: &Code, op: Operand) -> Value {
+fn read(frame: &mut Frame, code: &Code, op: Operand) -> Value {
     match op {
         Operand::Slot(s) => frame.slots[s as usize]
             .clone()
             .expect("the compiler orders instructions after their operands"),
+        Operand::Move(s) => frame.slots[s as usize]
+            .take()
+            .expect("the compiler reads a moved slot last"),
         Operand::Const(c) => code.consts[c as usize].clone(),
     }
 }

@@ -148,7 +148,8 @@ impl NativeKernel for MatmulKernel {
         &self.name
     }
 
-    fn call(&self, args: &[Value]) -> Result<Value, RtError> {
+    fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
+        let args = &args[..];
         if args.len() != self.arity() {
             return Err(RtError::internal(format!(
                 "{}: expected {} inputs, got {}",

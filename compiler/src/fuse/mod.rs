@@ -110,7 +110,7 @@ impl NativeKernel for FusedKernel {
         &self.name
     }
 
-    fn call(&self, args: &[Value]) -> Result<Value, RtError> {
+    fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
         if args.len() != self.input_types.len() {
             return Err(RtError::internal(format!(
                 "{}: expected {} inputs, got {}",
@@ -120,7 +120,7 @@ impl NativeKernel for FusedKernel {
             )));
         }
         let mut owned: Vec<Tensor> = Vec::with_capacity(args.len());
-        for (a, (shape, _)) in args.iter().zip(&self.input_types) {
+        for (a, (shape, _)) in args.into_iter().zip(&self.input_types) {
             let Value::Tensor(t) = a else {
                 return Err(RtError::internal(format!(
                     "{}: expected a tensor, got {}",
@@ -137,15 +137,15 @@ impl NativeKernel for FusedKernel {
                 )));
             }
             owned.push(if t.dtype() == self.dtype {
-                t.clone()
+                t
             } else {
                 t.cast(self.dtype)
             });
         }
         let n = self.out_shape.iter().product::<usize>();
         let outs: Vec<Tensor> = match self.dtype {
-            DType::F32 => self.run::<f32>(&owned, n)?,
-            _ => self.run::<f64>(&owned, n)?,
+            DType::F32 => self.run::<f32>(owned, n)?,
+            _ => self.run::<f64>(owned, n)?,
         };
         Ok(if self.n_outputs == 1 {
             Value::Tensor(outs.into_iter().next().expect("one output"))
@@ -156,35 +156,70 @@ impl NativeKernel for FusedKernel {
 }
 
 impl FusedKernel {
-    fn run<T>(&self, inputs: &[Tensor], n: usize) -> Result<Vec<Tensor>, RtError>
+    fn run<T>(&self, mut inputs: Vec<Tensor>, n: usize) -> Result<Vec<Tensor>, RtError>
     where
         T: crate::codegen::cpu::KernelElem + adjoint_runtime::tensor::Element + Default,
     {
-        let ins: Vec<&[T]> = inputs
-            .iter()
-            .map(|t| {
-                t.slice::<T>()
-                    .ok_or_else(|| RtError::internal("fused kernel: bad buffer"))
-            })
-            .collect::<Result<_, _>>()?;
         let fail =
             |e: crate::codegen::cpu::CodegenError| RtError::internal(format!("{}: {e}", self.name));
-        let bufs: Vec<Vec<T>> = if self.kernel.spec().reduce.is_none() {
+        let map = self.kernel.spec().reduce.is_none();
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // An input that dies here, read at the output's own index and as
+        // long as the output: the first output is written over it.
+        let mut reused: Option<(usize, Vec<T>)> = None;
+        if map && n > 0 {
+            for (i, input) in inputs.iter_mut().enumerate() {
+                if input.len() != n || !self.kernel.reads_in_place(i) {
+                    continue;
+                }
+                let t = std::mem::replace(input, Tensor::scalar_f64(0.0));
+                match t.into_vec::<T>() {
+                    Ok(v) => {
+                        reused = Some((i, v));
+                        IN_PLACE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        break;
+                    }
+                    Err(t) => *input = t,
+                }
+            }
+        }
+        let ins: Vec<&[T]> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match &reused {
+                Some((a, _)) if *a == i => Ok(&[][..]),
+                _ => t
+                    .slice::<T>()
+                    .ok_or_else(|| RtError::internal("fused kernel: bad buffer")),
+            })
+            .collect::<Result<_, _>>()?;
+        let bufs: Vec<Vec<T>> = if map {
             // A map kernel writes every output element: no need to fill
             // the buffers first.
-            let mut bufs: Vec<Vec<T>> =
-                (0..self.n_outputs).map(|_| Vec::with_capacity(n)).collect();
+            let first = usize::from(reused.is_some());
+            let mut bufs: Vec<Vec<T>> = (first..self.n_outputs)
+                .map(|_| Vec::with_capacity(n))
+                .collect();
             {
                 let mut outs: Vec<&mut [std::mem::MaybeUninit<T>]> = bufs
                     .iter_mut()
                     .map(|b| &mut b.spare_capacity_mut()[..n])
                     .collect();
-                self.kernel.run_uninit(&ins, &mut outs).map_err(fail)?;
+                match reused.as_mut() {
+                    Some((a, buf)) => self
+                        .kernel
+                        .run_in_place(&ins, *a, buf, &mut outs)
+                        .map_err(fail)?,
+                    None => self.kernel.run_uninit(&ins, &mut outs).map_err(fail)?,
+                }
             }
             for b in &mut bufs {
-                // SAFETY: `run_uninit` succeeded, so the kernel wrote all
-                // `n` elements of every output.
+                // SAFETY: the kernel succeeded, so it wrote all `n`
+                // elements of every output.
                 unsafe { b.set_len(n) };
+            }
+            if let Some((_, buf)) = reused {
+                bufs.insert(0, buf);
             }
             bufs
         } else {
@@ -198,6 +233,16 @@ impl FusedKernel {
             .map(|b| Tensor::from_vec(b, &self.out_shape))
             .collect()
     }
+}
+
+static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static IN_PLACE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Calls of fused kernels in this process so far, and how many of them
+/// wrote their result over an input that died there.
+pub fn kernel_calls() -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (CALLS.load(Relaxed), IN_PLACE.load(Relaxed))
 }
 
 /// The static tensor type of `n`, if inference gives one.

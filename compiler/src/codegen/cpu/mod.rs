@@ -344,6 +344,11 @@ pub fn cache_len() -> usize {
 
 /// Raw buffer pointers that may cross threads: the chunks write disjoint
 /// output elements.
+/// The addresses of input buffers.
+fn in_ptrs<T>(inputs: &[&[T]]) -> Vec<*const u8> {
+    inputs.iter().map(|x| x.as_ptr() as *const u8).collect()
+}
+
 struct Ptrs {
     inputs: Vec<*const u8>,
     outputs: Vec<*mut u8>,
@@ -480,7 +485,65 @@ impl CompiledKernel {
             .iter_mut()
             .map(|y| y.as_mut_ptr() as *mut u8)
             .collect();
-        self.run_map(plan, func, inputs, out_ptrs, Parallelism::Auto);
+        self.run_map(plan, func, in_ptrs(inputs), out_ptrs, Parallelism::Auto);
+        Ok(())
+    }
+
+    /// Whether input `i` of a map kernel is read at the output's own index
+    /// (dense, same shape): its buffer can then be the output's.
+    pub fn reads_in_place(&self, i: usize) -> bool {
+        let spec = &self.spec;
+        spec.reduce.is_none()
+            && spec.inputs.get(i).is_some_and(|x| {
+                let dense = crate::codegen::kernel::InputSpec::contiguous(&spec.shape).strides;
+                x.strides
+                    .iter()
+                    .zip(&dense)
+                    .zip(&spec.shape)
+                    .all(|((s, d), n)| *n == 1 || s == d)
+            })
+    }
+
+    /// Runs a map kernel with its first output written over input `alias`
+    /// (`buf`, which holds that input's elements and receives the output;
+    /// `inputs[alias]` is not read). The other outputs are `others`.
+    /// Needs [`CompiledKernel::reads_in_place`] for `alias`: each element
+    /// is then read before the same element is written, and by the same
+    /// iteration.
+    pub fn run_in_place<T: KernelElem>(
+        &self,
+        inputs: &[&[T]],
+        alias: usize,
+        buf: &mut [T],
+        others: &mut [&mut [std::mem::MaybeUninit<T>]],
+    ) -> Result<(), CodegenError> {
+        if !self.reads_in_place(alias) {
+            return Err(CodegenError::Buffers(format!(
+                "input {alias} is not read in place"
+            )));
+        }
+        let n_out = self.spec.output_len();
+        let mut lens: Vec<usize> = vec![buf.len()];
+        lens.extend(others.iter().map(|y| y.len()));
+        {
+            let mut checked: Vec<&[T]> = inputs.to_vec();
+            checked[alias] = &*buf;
+            self.check::<T>(&checked, lens.into_iter())?;
+        }
+        if buf.len() != n_out {
+            return Err(CodegenError::Buffers(
+                "in-place buffer has the wrong length".into(),
+            ));
+        }
+        let Some((plan, func)) = self.plan.as_ref().zip(self.func) else {
+            return Ok(());
+        };
+        let out = buf.as_mut_ptr() as *mut u8;
+        let mut ins = in_ptrs(inputs);
+        ins[alias] = out as *const u8;
+        let mut out_ptrs = vec![out];
+        out_ptrs.extend(others.iter_mut().map(|y| y.as_mut_ptr() as *mut u8));
+        self.run_map(plan, func, ins, out_ptrs, Parallelism::Auto);
         Ok(())
     }
 
@@ -556,23 +619,23 @@ impl CompiledKernel {
             .iter_mut()
             .map(|y| y.as_mut_ptr() as *mut u8)
             .collect();
-        self.run_map(plan, func, inputs, out_ptrs, parallelism);
+        self.run_map(plan, func, in_ptrs(inputs), out_ptrs, parallelism);
         Ok(())
     }
 
     /// Runs a kernel that is not split into blocks over its parallel loop,
     /// with outputs at `out_ptrs` (checked by the caller).
-    fn run_map<T: KernelElem>(
+    fn run_map(
         &self,
         plan: &Plan,
         func: KernelFn,
-        inputs: &[&[T]],
+        in_ptrs: Vec<*const u8>,
         out_ptrs: Vec<*mut u8>,
         parallelism: Parallelism,
     ) {
         let spec = &self.spec;
         let ptrs = Ptrs {
-            inputs: inputs.iter().map(|x| x.as_ptr() as *const u8).collect(),
+            inputs: in_ptrs,
             outputs: out_ptrs,
         };
         let extent = plan.par_extent();
