@@ -250,6 +250,10 @@ prims! {
     /// `ad_dyn(f, kind, argnums, wrap)`: `grad(f)` and friends of a function
     /// value `f` not known at compile time, built at run time.
     AdDyn = "ad_dyn", Control, &[req("f"), req("kind"), req("argnums"), req("wrap")], false, true;
+    /// `x` itself, of a type inference does not follow (`Unknown`): the
+    /// stack of backpropagators that reverse mode threads through a loop
+    /// grows by one entry per iteration, which no static type describes.
+    AdHide = "ad_hide", Struct, X, false, true;
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;
     LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;

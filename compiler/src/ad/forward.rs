@@ -87,6 +87,7 @@ pub fn tangent_is_generated(p: Prim) -> bool {
             | Prim::StopGradient
             | Prim::AdLift
             | Prim::AdDyn
+            | Prim::AdHide
     )
 }
 
@@ -488,6 +489,7 @@ impl Ad<'_> {
             Prim::TreeGAdd => self.prim(g, Prim::TreeGAdd, &[dxs[0]], loc),
             // Lifting is the identity on data: the tangent passes through.
             Prim::AdLift => dxs[0],
+            Prim::AdHide => self.prim(g, Prim::AdHide, &[dxs[0]], loc),
             // A function made at run time carries no tangent (see `dynamic`).
             Prim::Zero | Prim::StopGradient | Prim::AdDyn => self.zero(g, loc),
             _ => unreachable!("only structural primitives have generated tangent rules"),

@@ -116,6 +116,7 @@ pub fn rule_is_generated(p: Prim) -> bool {
             | Prim::TreeMap
             | Prim::AdLift
             | Prim::AdDyn
+            | Prim::AdHide
     )
 }
 
@@ -191,6 +192,15 @@ struct Ad<'a> {
     lift_source: bool,
     /// `ad_lift(n, mode)` made in a graph, by (graph, n, mode).
     lifted: HashMap<(GraphId, NodeId, u8), NodeId>,
+    /// Graphs on (or reached from) a cycle of tail calls: loops and tail
+    /// recursion. Their J threads a stack of backpropagators ([`Ad::j_stacked`]).
+    tail_set: Option<HashSet<GraphId>>,
+    /// The stack-threading J of graphs in `tail_set` (with free variables:
+    /// within one request; closed: shared).
+    jk_graphs: HashMap<GraphId, GraphId>,
+    jk_closed: HashMap<GraphId, GraphId>,
+    /// `unwind(stack, d)`, which runs a stack of backpropagators.
+    unwind: Option<GraphId>,
     /// J of graphs with free variables: valid within one request only (the
     /// free variables map to that request's forward nodes).
     j_graphs: HashMap<GraphId, GraphId>,
@@ -231,6 +241,10 @@ impl<'a> Ad<'a> {
             lift_outside: true,
             lift_source: false,
             lifted: HashMap::new(),
+            tail_set: None,
+            jk_graphs: HashMap::new(),
+            jk_closed: HashMap::new(),
+            unwind: None,
             j_graphs: HashMap::new(),
             j_closed: HashMap::new(),
             j_prims: HashMap::new(),
@@ -288,6 +302,8 @@ impl<'a> Ad<'a> {
 
     fn build(&mut self, req: &AdRequest) -> R<()> {
         self.fv = free_variables(self.m);
+        self.tail_set = None;
+        self.jk_graphs.clear();
         self.j_graphs.clear();
         self.f_graphs.clear();
         self.f_primal.clear();
@@ -472,6 +488,119 @@ impl<'a> Ad<'a> {
         } else {
             self.j_graphs.insert(f, jf);
         }
+        if self.in_tail_set(f) {
+            self.j_wrapper(f, jf, at)?;
+        } else {
+            self.j_body(f, jf, None)?;
+        }
+        Ok(jf)
+    }
+
+    /// The stack-threading J of graph `f` (a loop or tail recursion):
+    /// `J'(f)(params.., stack)`. A tail call `g(args)` of `f` becomes the
+    /// tail call `J'(g)(args'.., (B'(f), stack))`, where `B'(f)` maps the
+    /// cotangents `(env, d_args..)` of the call to those of `f`'s own
+    /// parameters; any other result `y` becomes `(y', (B(f), stack))`. The
+    /// forward pass of a loop therefore runs in constant depth, and so
+    /// does the backward pass, [`Ad::unwind_graph`] popping the stack.
+    fn j_stacked(&mut self, f: GraphId, at: Loc) -> R<GraphId> {
+        let closed = self.fv.get(f).is_empty();
+        let memo = if closed {
+            self.jk_closed.get(&f)
+        } else {
+            self.jk_graphs.get(&f)
+        };
+        if let Some(j) = memo {
+            return Ok(*j);
+        }
+        if self.effectful.contains(&f) {
+            return Err(self.io_error(f, at));
+        }
+        let name = self.m.graph(f).name.clone();
+        let floc = self.m.graph(f).loc;
+        let jf = self.m.add_graph(format!("J.{name}"), floc);
+        if closed {
+            self.jk_closed.insert(f, jf);
+        } else {
+            self.jk_graphs.insert(f, jf);
+        }
+        self.j_body(f, jf, Some(at))?;
+        Ok(jf)
+    }
+
+    /// `J(f)` for `f` in the tail set: `J'(f)` on an empty stack, with the
+    /// stack's unwinding as the backpropagator.
+    fn j_wrapper(&mut self, f: GraphId, jf: GraphId, at: Loc) -> R<()> {
+        let floc = self.m.graph(f).loc;
+        let name = self.m.graph(f).name.clone();
+        let jk = self.j_stacked(f, at)?;
+        let params = self.m.graph(f).params.clone();
+        let pnames = self.m.graph(f).param_names.clone();
+        let mut args = Vec::with_capacity(params.len() + 1);
+        for (p, nm) in params.iter().zip(pnames) {
+            args.push(self.m.add_param(jf, nm, self.m.node(*p).loc));
+        }
+        args.push(self.konst(Const::Unit, floc));
+        let jkr = self.gref(jk, floc);
+        let r = self.call(jf, jkr, &args, floc);
+        let y = self.get(jf, r, 0, floc);
+        let stack = self.get(jf, r, 1, floc);
+        let bf = self.m.add_graph(format!("B.{name}"), floc);
+        let dout = self.m.add_param(bf, "dout", floc);
+        let uw = self.unwind_graph();
+        let uwr = self.gref(uw, floc);
+        let d = self.call(bf, uwr, &[stack, dout], floc);
+        self.m.set_output(bf, d);
+        let bfr = self.gref(bf, floc);
+        self.output_tuple(jf, &[y, bfr], floc);
+        Ok(())
+    }
+
+    /// `unwind(stack, d)`: `d` through every backpropagator of `stack`
+    /// (`(b, rest)` or `()`), top first, as a loop.
+    fn unwind_graph(&mut self) -> GraphId {
+        if let Some(g) = self.unwind {
+            return g;
+        }
+        let loc = Loc::NONE;
+        let uw = self.m.add_graph("unwind", loc);
+        self.unwind = Some(uw);
+        let stack = self.m.add_param(uw, "stack", loc);
+        let d = self.m.add_param(uw, "d", loc);
+        let done = self.m.add_graph("unwind.done", loc);
+        self.m.set_output(done, d);
+        let step = self.m.add_graph("unwind.step", loc);
+        let b = self.get(step, stack, 0, loc);
+        let rest = self.get(step, stack, 1, loc);
+        let d2 = self.call(step, b, &[d], loc);
+        let uwr = self.gref(uw, loc);
+        let again = self.call(step, uwr, &[rest, d2], loc);
+        self.m.set_output(step, again);
+        let len = self.prim(uw, Prim::TupleLen, &[stack], loc);
+        let zero = self.konst(Const::Int(0), loc);
+        let empty = self.prim(uw, Prim::Eq, &[len, zero], loc);
+        let doner = self.gref(done, loc);
+        let stepr = self.gref(step, loc);
+        let sw = self.prim(uw, Prim::Switch, &[empty, doner, stepr], loc);
+        let r = self.call(uw, sw, &[], loc);
+        self.m.set_output(uw, r);
+        uw
+    }
+
+    /// Whether `f` is in the tail set (computed once per request).
+    fn in_tail_set(&mut self, f: GraphId) -> bool {
+        if self.tail_set.is_none() {
+            let set = tail_set(self.m, self.rules, self.effectful);
+            self.tail_set = Some(set);
+        }
+        self.tail_set.as_ref().is_some_and(|s| s.contains(&f))
+    }
+
+    /// The body of `J(f)` (`stacked` = None) or of `J'(f)` (`stacked` =
+    /// the location asking for it), into the empty graph `jf`.
+    fn j_body(&mut self, f: GraphId, jf: GraphId, stacked: Option<Loc>) -> R<()> {
+        let name = self.m.graph(f).name.clone();
+        let floc = self.m.graph(f).loc;
         let params = self.m.graph(f).params.clone();
         let pnames = self.m.graph(f).param_names.clone();
         for (p, nm) in params.iter().zip(pnames) {
@@ -479,9 +608,19 @@ impl<'a> Ad<'a> {
             self.node_map.insert(*p, jp);
             self.prov.origin.insert(jp, *p);
         }
+        let stack = stacked.map(|_| self.m.add_param(jf, "stack", floc));
+        let out = self.m.graph(f).output.expect("lowered graphs have outputs");
+        // In J'(f), the tail call, and the graphs it may call.
+        let tail: Option<Vec<GraphId>> = match stacked {
+            Some(_) => tail_callees(self.m, f, self.rules, self.effectful),
+            None => None,
+        };
         let body = graph_body_with(self.m, f, &self.fv);
         let mut bps: HashMap<NodeId, NodeId> = HashMap::new();
         for &y in &body {
+            if y == out && tail.is_some() {
+                continue;
+            }
             let inputs = self.m.inputs(y).to_vec();
             let yloc = self.m.node(y).loc;
             if let Some(Const::Prim(p)) = self.m.as_const(inputs[0]) {
@@ -510,20 +649,32 @@ impl<'a> Ad<'a> {
             self.prov.origin.insert(yv, y);
             bps.insert(y, bp);
         }
-        let out = self.m.graph(f).output.expect("lowered graphs have outputs");
-        let out_v = self.jmap(jf, out, 0, floc)?;
+        let out_v = if tail.is_some() {
+            None
+        } else {
+            Some(self.jmap(jf, out, 0, floc)?)
+        };
 
-        // The backpropagator.
+        // The backpropagator: from the output's cotangent, or in J'(f)
+        // with a tail call, from the call's (env, d_args..).
         let bf = self.m.add_graph(format!("B.{name}"), floc);
-        let dout = self.m.add_param(bf, "dout", floc);
+        let dout = self
+            .m
+            .add_param(bf, if tail.is_some() { "dcall" } else { "dout" }, floc);
         let mut sens: HashMap<NodeId, NodeId> = HashMap::new();
-        self.contribute(bf, &mut sens, out, dout, floc);
+        if tail.is_none() {
+            self.contribute(bf, &mut sens, out, dout, floc);
+        }
         for &y in body.iter().rev() {
-            let Some(s) = sens.get(&y).copied() else {
-                continue;
-            };
             let yloc = self.m.node(y).loc;
-            let d = self.call(bf, bps[&y], &[s], yloc);
+            let d = if y == out && tail.is_some() {
+                dout
+            } else {
+                let Some(s) = sens.get(&y).copied() else {
+                    continue;
+                };
+                self.call(bf, bps[&y], &[s], yloc)
+            };
             let inputs = self.m.inputs(y).to_vec();
             for (i, inp) in inputs.iter().enumerate() {
                 if matches!(self.m.node(*inp).kind, NodeKind::Const(Const::Prim(_))) {
@@ -554,8 +705,53 @@ impl<'a> Ad<'a> {
         }
         self.output_tuple(bf, &outs, floc);
         let bfr = self.gref(bf, floc);
-        self.output_tuple(jf, &[out_v, bfr], floc);
-        Ok(jf)
+        let Some(stack) = stack else {
+            let out_v = out_v.expect("J(f) maps its output");
+            self.output_tuple(jf, &[out_v, bfr], floc);
+            return Ok(());
+        };
+        let pushed = self.prim(jf, Prim::MakeTuple, &[bfr, stack], floc);
+        let pushed = self.prim(jf, Prim::AdHide, &[pushed], floc);
+        match tail {
+            None => {
+                let out_v = out_v.expect("no tail call");
+                self.output_tuple(jf, &[out_v, pushed], floc);
+            }
+            Some(_) => {
+                // The tail call, to the stacked J of its callee(s).
+                let inputs = self.m.inputs(out).to_vec();
+                let at = stacked.unwrap_or(floc);
+                let callee = match self.m.as_const(inputs[0]).cloned() {
+                    Some(Const::Graph(g)) => {
+                        let jg = self.j_stacked(g, at)?;
+                        self.gref(jg, floc)
+                    }
+                    _ => {
+                        let sw = self.m.inputs(inputs[0]).to_vec();
+                        let (Some(Const::Graph(a)), Some(Const::Graph(b))) = (
+                            self.m.as_const(sw[2]).cloned(),
+                            self.m.as_const(sw[3]).cloned(),
+                        ) else {
+                            unreachable!("tail_callees checked the callee")
+                        };
+                        let c = self.jmap(jf, sw[1], 3, floc)?;
+                        let ja = self.j_stacked(a, at)?;
+                        let jb = self.j_stacked(b, at)?;
+                        let (ra, rb) = (self.gref(ja, floc), self.gref(jb, floc));
+                        self.prim(jf, Prim::Switch, &[c, ra, rb], floc)
+                    }
+                };
+                let yloc = self.m.node(out).loc;
+                let mut ins = vec![callee];
+                for &a in &inputs[1..] {
+                    ins.push(self.jmap(jf, a, inputs.len() - 1, yloc)?);
+                }
+                ins.push(pushed);
+                let r = self.m.add_apply(jf, ins, yloc);
+                self.m.set_output(jf, r);
+            }
+        }
+        Ok(())
     }
 
     /// Adds cotangent `d` to node `n`; for a graph constant (a closure made
@@ -791,7 +987,7 @@ impl<'a> Ad<'a> {
         match p {
             // The cotangent of a transformed closure is that of the
             // closure: an environment keyed by the same free variables.
-            Prim::AdLift | Prim::AdDyn => {
+            Prim::AdLift | Prim::AdDyn | Prim::AdHide => {
                 cots.push(dout);
                 for _ in 1..xs.len() {
                     cots.push(self.zero(g, loc));
@@ -898,6 +1094,75 @@ fn kind_name(k: &AdKind) -> &'static str {
         AdKind::Vjp => "vjp",
         AdKind::Jvp => "jvp",
     }
+}
+
+/// The graphs `f` ends by calling (its output is a call of a graph
+/// constant, or of a `switch` between two), when all of them can take part
+/// in stack-threading J: defined here (no custom rule), pure, and taking
+/// the call's arguments.
+fn tail_callees(
+    m: &Module,
+    f: GraphId,
+    rules: &Rules,
+    effectful: &HashSet<GraphId>,
+) -> Option<Vec<GraphId>> {
+    let out = m.graph(f).output?;
+    let NodeKind::Apply(inputs) = &m.node(out).kind else {
+        return None;
+    };
+    let callees = match m.as_const(inputs[0]) {
+        Some(Const::Graph(g)) => vec![*g],
+        Some(_) => return None,
+        None => {
+            if m.applied_prim(inputs[0]) != Some(Prim::Switch) {
+                return None;
+            }
+            let sw = m.inputs(inputs[0]);
+            match (m.as_const(sw[2]), m.as_const(sw[3])) {
+                (Some(Const::Graph(a)), Some(Const::Graph(b))) => vec![*a, *b],
+                _ => return None,
+            }
+        }
+    };
+    let ok = callees.iter().all(|g| {
+        !rules.user.contains_key(g)
+            && !effectful.contains(g)
+            && m.graph(*g).output.is_some()
+            && m.graph(*g).params.len() == inputs.len() - 1
+    });
+    ok.then_some(callees)
+}
+
+/// The graphs on a cycle of tail calls (loops, tail recursion), and those
+/// they tail-call: their J threads a stack of backpropagators.
+fn tail_set(m: &Module, rules: &Rules, effectful: &HashSet<GraphId>) -> HashSet<GraphId> {
+    use petgraph::graph::DiGraph;
+    let n = m.graphs.len();
+    let mut dg: DiGraph<(), ()> = DiGraph::with_capacity(n, n);
+    let idx: Vec<_> = (0..n).map(|_| dg.add_node(())).collect();
+    let mut edges: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (f, out) in edges.iter_mut().enumerate() {
+        if let Some(cs) = tail_callees(m, GraphId(f as u32), rules, effectful) {
+            for g in cs {
+                dg.add_edge(idx[f], idx[g.index()], ());
+                out.push(g.index());
+            }
+        }
+    }
+    let mut set: HashSet<GraphId> = HashSet::new();
+    let mut work: Vec<usize> = Vec::new();
+    for scc in petgraph::algo::tarjan_scc(&dg) {
+        let cyclic = scc.len() > 1 || dg.contains_edge(scc[0], scc[0]);
+        if cyclic {
+            work.extend(scc.iter().map(|i| i.index()));
+        }
+    }
+    while let Some(f) = work.pop() {
+        if set.insert(GraphId(f as u32)) {
+            work.extend(edges[f].iter().copied());
+        }
+    }
+    set
 }
 
 /// In graph `g`: the nesting code `wrap` of `ad_dyn` with one more

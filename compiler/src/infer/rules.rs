@@ -435,7 +435,7 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         } else {
             args[0].clone()
         }),
-        Prim::AdDyn => Ok(AbsVal::Unknown),
+        Prim::AdDyn | Prim::AdHide => Ok(AbsVal::Unknown),
         Prim::TreeFill => {
             let d = tensor(op, &args[1])?;
             if shape::size(&d.shape) != 1 {

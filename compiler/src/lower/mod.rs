@@ -242,7 +242,8 @@ fn user_prim(name: &str) -> Option<Prim> {
         | Prim::TensorLiteral
         | Prim::Switch
         | Prim::AdLift
-        | Prim::AdDyn => None,
+        | Prim::AdDyn
+        | Prim::AdHide => None,
         _ => Some(p),
     }
 }

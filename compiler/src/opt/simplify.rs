@@ -195,7 +195,8 @@ impl Rewriter<'_> {
                 | Prim::TreeMap
                 | Prim::TreeGAdd
                 | Prim::AdLift
-                | Prim::AdDyn => return false,
+                | Prim::AdDyn
+                | Prim::AdHide => return false,
                 Prim::GAdd => {
                     let (a, b) = (self.resolve(ins[1]), self.resolve(ins[2]));
                     return self.never_zero(a) || self.never_zero(b);

@@ -692,6 +692,12 @@ pub fn ad_dyn(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     )
 }
 
+/// `ad_hide(x)`: `x` (the compiler hides its type from inference).
+pub fn ad_hide(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    arity("ad_hide", args, 1)?;
+    Ok(args[0].clone())
+}
+
 /// Whether a closure occurs in `v` (tuples and records are searched).
 pub fn contains_function(v: &Value) -> bool {
     match v {

@@ -215,6 +215,7 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("tree_gadd", tree::tree_gadd),
     ("ad_lift", ad::ad_lift),
     ("ad_dyn", ad::ad_dyn),
+    ("ad_hide", ad::ad_hide),
     // structure
     ("make_tuple", structural::make_tuple),
     ("tuple_get", structural::tuple_get),
