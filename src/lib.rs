@@ -20,6 +20,8 @@
 #![doc = include_str!("../tests/embed.rs")]
 //! ```
 
+#![warn(missing_docs)]
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

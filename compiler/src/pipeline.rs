@@ -202,7 +202,7 @@ impl Program {
     ) -> Result<crate::infer::Types, Vec<Diagnostic>> {
         use crate::infer::{infer_module_with, InferOptions};
         let m = &self.lowered.module;
-        if self.arity(entry) != args.len() || m.graph(entry).params.len() < args.len() {
+        if self.arity(entry) != args.len() {
             return Err(vec![self.arity_error(entry, args.len())]);
         }
         let args = self.entry_args_with(entry, args);
