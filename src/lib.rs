@@ -111,6 +111,19 @@ impl SessionError {
         SessionError::plain(message, "<command line>", ErrorKind::Usage)
     }
 
+    /// The same error with a note added to its primary diagnostic.
+    pub fn with_note(mut self, note: impl Into<String>) -> SessionError {
+        let note = note.into();
+        if self.plain {
+            if let Some(d) = self.diagnostics.first_mut() {
+                d.message = format!("{}\nnote: {note}", d.message);
+            }
+        } else if let Some(d) = self.diagnostics.first_mut() {
+            d.notes.push(note);
+        }
+        self
+    }
+
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         self.kind

@@ -381,9 +381,41 @@ impl Repl {
         }
         candidate.items.extend(new_items);
         let text = candidate.source("", &[]);
-        Session::new(self.mode).load_source(SOURCE_NAME, &text)?;
+        if let Err(e) = Session::new(self.mode).load_source(SOURCE_NAME, &text) {
+            // A `let` name used in a definition: say why it is not found.
+            let used = self
+                .let_names()
+                .into_iter()
+                .find(|n| e.summary().contains(&format!("`{n}`")));
+            return Err(match used {
+                Some(n) => e.with_note(format!(
+                    "`{n}` is bound by a `let` at the prompt: such names are visible to \
+                     later expressions, not inside `fn` definitions; pass it as an argument"
+                )),
+                None => e,
+            });
+        }
         *self = candidate;
         Ok(n)
+    }
+
+    /// The names the `let` statements bind (the identifiers of their
+    /// patterns).
+    fn let_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for l in &self.lets {
+            let pattern = l
+                .trim_start()
+                .strip_prefix("let")
+                .and_then(|r| r.split('=').next())
+                .unwrap_or("");
+            for word in pattern.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+                if !word.is_empty() && word != "mut" && word != "_" {
+                    names.push(word.to_string());
+                }
+            }
+        }
+        names
     }
 
     /// `:grad F [ARGS..]`.
@@ -912,6 +944,9 @@ mod tests {
         assert!(err.contains("oops"), "{err}");
         let (out, _) = session(&["let (p, q) = (1.0, 2.0);", "p - q"]);
         assert_eq!(out, "-1.0\n");
+        let (_, err) = session(&["let (w, b) = (2.0, 1.0)", "fn f(x) = w * x"]);
+        assert!(err.contains("unknown name `w`"), "{err}");
+        assert!(err.contains("not inside `fn` definitions"), "{err}");
     }
 
     #[test]

@@ -301,7 +301,7 @@ fn a_terminal_session_with_history() {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_adjoint"));
     cmd.arg("repl")
         .env("ADJOINT_HISTORY", &history)
-        .env("TERM", "dumb");
+        .env("TERM", "xterm");
     let mut p = match expectrl::Session::spawn(cmd) {
         Ok(p) => p,
         Err(e) => {
@@ -315,7 +315,10 @@ fn a_terminal_session_with_history() {
     p.expect("adjoint> ").expect("a prompt after a definition");
     p.send_line("grad(f)(").unwrap();
     p.expect("... ").expect("a continuation prompt");
-    p.send_line("1.2)").unwrap();
+    // Line editing: type 1.3, rub out the 3 (DEL), then finish the line.
+    p.send("1.3").unwrap();
+    p.send("\x7f").unwrap();
+    p.send_line("2)").unwrap();
     let found = p.expect(Regex(r"1\.3668[0-9]+")).expect("the gradient");
     let text = String::from_utf8_lossy(found.get(0).unwrap()).into_owned();
     assert_eq!(text.parse::<f64>().unwrap(), dfdx(1.2));
