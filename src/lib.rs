@@ -1,16 +1,39 @@
 //! Adjoint: a source-to-source automatic differentiation compiler.
 //!
 //! This crate is the front door: the [`Session`] API that the `adjoint`
-//! command (and programs embedding the compiler) use to load, check, print
-//! and run Adjoint programs.
+//! command, its REPL and programs embedding the compiler use to load,
+//! check, print, differentiate and run Adjoint programs.
+//!
+//! A [`Session`] loads a program ([`Session::load_source`],
+//! [`Session::load_file`]); [`Session::function`] names one of its
+//! functions; a [`Function`] is called with [`Value`]s
+//! ([`Function::call`]) and transformed into other functions
+//! ([`Function::grad`], [`Function::value_and_grad`], [`Function::jvp`]).
+//! A function is compiled once per signature of its arguments (their
+//! dtypes and shapes) and the compiled code is kept, so calling it again
+//! costs only the run. Errors are [`SessionError`]s, which carry the
+//! diagnostics and render them with `file:line:col` and the source line.
+//!
+//! The example below is `tests/embed.rs`, which `cargo test` runs:
+//!
+//! ```rust
+#![doc = include_str!("../tests/embed.rs")]
+//! ```
 
+#![warn(missing_docs)]
+
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
+use adjoint_compiler::exec::Executable;
+use adjoint_compiler::infer::AbsVal;
 use adjoint_compiler::ir::print::print_module;
 use adjoint_compiler::lower::SourceLoader;
 use adjoint_compiler::pipeline::Program;
 use adjoint_lang::{render, Diagnostic, SourceMap};
 
+pub use adjoint_runtime::tensor::{DType, Tensor};
 pub use adjoint_runtime::value::Value;
 
 /// How programs run: one primitive at a time on the IR as differentiated
@@ -23,27 +46,70 @@ pub struct RunStats {
     /// Parsing is done by `load_*`; this is checking, optimising and
     /// compiling `main`.
     pub compile: std::time::Duration,
+    /// Running `main`.
     pub run: std::time::Duration,
     /// The most heap memory the compile step added to what was in use
     /// before it.
     pub compile_peak_bytes: usize,
     /// The most heap memory the run added to what was in use before it.
     pub run_peak_bytes: usize,
-    /// Calls of fused (Cranelift) kernels, and how many of them wrote their
-    /// result over an input that died there.
+    /// Calls of fused (Cranelift) kernels.
     pub kernel_calls: usize,
+    /// How many of those calls wrote their result over an input that died
+    /// there.
     pub kernels_in_place: usize,
 }
 
-/// Errors carry their diagnostics and the sources they point into.
-#[derive(Debug)]
+/// Where programs run.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The CPU: reference kernels and Cranelift-compiled fused kernels.
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU. The CUDA back end is not built yet: asking for it is
+    /// an error of kind [`ErrorKind::DeviceUnavailable`].
+    Cuda,
+}
+
+/// The options of a [`Session`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Options {
+    /// Graph mode (optimised, the default) or eager mode.
+    pub mode: Mode,
+    /// The device programs run on.
+    pub device: Device,
+}
+
+/// What kind of failure a [`SessionError`] is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The program is wrong: a syntax, name, type or shape error, or a
+    /// failure while it ran (its diagnostics point into the source).
+    Program,
+    /// A file could not be read.
+    Io,
+    /// The embedder asked for something that cannot be: a function that
+    /// does not exist, the wrong number of arguments, a bad value.
+    Usage,
+    /// The device asked for is not available in this build.
+    DeviceUnavailable,
+}
+
+/// An error: its kind and its diagnostics, with the sources they point
+/// into, so that it renders with `file:line:col` and the source line.
+#[derive(Debug, Clone)]
 pub struct SessionError {
+    /// The diagnostics, first the primary one.
     pub diagnostics: Vec<Diagnostic>,
     sources: SourceMap,
     /// An error with no place in a source file (an input file that cannot
     /// be read, a bad command-line argument): rendered as one line.
     plain: bool,
+    kind: ErrorKind,
 }
+
+/// The error type of the embedding API (the same as [`SessionError`]).
+pub type Error = SessionError;
 
 impl SessionError {
     /// The diagnostics rendered with source excerpts (`file:line:col`); an
@@ -58,11 +124,55 @@ impl SessionError {
         }
         render(&self.diagnostics, &self.sources, color)
     }
+
     /// An error with a message and no source location (bad command-line
-    /// input, say).
+    /// input, say), of kind [`ErrorKind::Usage`].
     pub fn message(message: String) -> SessionError {
+        SessionError::plain(message, "<command line>", ErrorKind::Usage)
+    }
+
+    /// The same error with a note added to its primary diagnostic.
+    pub fn with_note(mut self, note: impl Into<String>) -> SessionError {
+        let note = note.into();
+        if self.plain {
+            if let Some(d) = self.diagnostics.first_mut() {
+                d.message = format!("{}\nnote: {note}", d.message);
+            }
+        } else if let Some(d) = self.diagnostics.first_mut() {
+            d.notes.push(note);
+        }
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The primary message, without location or source excerpt.
+    pub fn summary(&self) -> &str {
+        self.diagnostics
+            .first()
+            .map(|d| d.message.as_str())
+            .unwrap_or("")
+    }
+
+    /// The `file:line:col` of the primary diagnostic, when it has a place
+    /// in a source file.
+    pub fn location(&self) -> Option<(String, u32, u32)> {
+        if self.plain {
+            return None;
+        }
+        let d = self.diagnostics.first()?;
+        let span = d.primary.span;
+        self.sources.get(span.file)?;
+        let (line, col) = self.sources.line_col(span);
+        Some((self.sources.name(span.file).to_string(), line, col))
+    }
+
+    fn plain(message: String, file: &str, kind: ErrorKind) -> SessionError {
         let mut sources = SourceMap::new();
-        let file = sources.add_file("<command line>", "");
+        let file = sources.add_file(file, "");
         SessionError {
             diagnostics: vec![Diagnostic::error(
                 message,
@@ -70,25 +180,21 @@ impl SessionError {
             )],
             sources,
             plain: true,
+            kind,
         }
     }
 
     fn io(path: &Path, e: std::io::Error) -> SessionError {
-        let mut sources = SourceMap::new();
-        let file = sources.add_file(path.display().to_string(), "");
         let reason = match e.kind() {
             std::io::ErrorKind::NotFound => "no such file or directory".to_string(),
             std::io::ErrorKind::InvalidData => "the file is not valid UTF-8".to_string(),
             _ => e.to_string().to_lowercase(),
         };
-        SessionError {
-            diagnostics: vec![Diagnostic::error(
-                format!("cannot read \"{}\": {reason}", path.display()),
-                adjoint_lang::Span::point(file, 0),
-            )],
-            sources,
-            plain: true,
-        }
+        SessionError::plain(
+            format!("cannot read \"{}\": {reason}", path.display()),
+            &path.display().to_string(),
+            ErrorKind::Io,
+        )
     }
 }
 
@@ -99,6 +205,14 @@ impl std::fmt::Display for SessionError {
 }
 
 impl std::error::Error for SessionError {}
+
+/// A run-time error of the tensor library (a shape that does not match
+/// the data given to [`Value::tensor_f64`], say) as a usage error.
+impl From<adjoint_runtime::RtError> for SessionError {
+    fn from(e: adjoint_runtime::RtError) -> SessionError {
+        SessionError::plain(e.message, "<value>", ErrorKind::Usage)
+    }
+}
 
 /// Stack size for compiler passes, which recurse over the program's
 /// nesting (the parser bounds it; the passes still need more than a default
@@ -142,59 +256,158 @@ impl SourceLoader for FsLoader {
     }
 }
 
+/// What a compiled executable is kept for: a function, a mode and the
+/// abstract types of the arguments (dtypes and shapes; the values of small
+/// int arguments, on which the program may be specialised).
+type CacheKey = (String, Mode, Vec<AbsVal>);
+
+/// A loaded program, shared by a session and the functions taken from it.
+struct Loaded {
+    program: Program,
+    sources: SourceMap,
+    /// The root file's name and text, and its path when it came from a
+    /// file: transforms ([`Function::grad`], ...) reload it with a
+    /// generated wrapper function appended.
+    name: String,
+    text: String,
+    path: Option<PathBuf>,
+    /// The executables compiled so far.
+    cache: Mutex<HashMap<CacheKey, Arc<Executable>>>,
+}
+
+impl Loaded {
+    fn load(name: String, text: String, path: Option<&Path>) -> Result<Loaded, SessionError> {
+        let mut sources = SourceMap::new();
+        let root = sources.add_file(name.clone(), text.clone());
+        let loaded = with_stack(|| Program::load(&mut sources, root, path, &FsLoader));
+        match loaded {
+            Ok(mut program) => {
+                // Graph mode specialises the program to the shapes of the
+                // .npy files it loads (read from their headers).
+                program.set_npy_types(Box::new(npy_header_type));
+                Ok(Loaded {
+                    program,
+                    sources,
+                    name,
+                    text,
+                    path: path.map(Path::to_path_buf),
+                    cache: Mutex::new(HashMap::new()),
+                })
+            }
+            Err(diagnostics) => Err(SessionError {
+                diagnostics,
+                sources,
+                plain: false,
+                kind: ErrorKind::Program,
+            }),
+        }
+    }
+
+    fn error(&self, diagnostics: Vec<Diagnostic>) -> SessionError {
+        SessionError {
+            diagnostics,
+            sources: self.sources.clone(),
+            plain: false,
+            kind: ErrorKind::Program,
+        }
+    }
+
+    /// The executable of `name` for arguments of types `key`, compiled on
+    /// first use.
+    fn executable(
+        &self,
+        name: &str,
+        mode: Mode,
+        args: Vec<AbsVal>,
+    ) -> Result<Arc<Executable>, SessionError> {
+        let key = (name.to_string(), mode, args);
+        if let Some(ex) = self.lock_cache().get(&key) {
+            return Ok(ex.clone());
+        }
+        let program = &self.program;
+        let ex =
+            with_stack(|| program.prepare_with(name, mode, &key.2)).map_err(|d| self.error(d))?;
+        let ex = Arc::new(ex);
+        self.lock_cache().insert(key, ex.clone());
+        Ok(ex)
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Arc<Executable>>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// A compiler session holding one loaded program.
+///
+/// Loading consumes the session and gives it back with the program
+/// loaded: `Session::new(Mode::Graph).load_source("f.adj", text)?`.
 pub struct Session {
     mode: Mode,
-    sources: SourceMap,
-    program: Option<Program>,
-    path: Option<PathBuf>,
+    device: Device,
+    loaded: Option<Arc<Loaded>>,
 }
 
 impl Session {
+    /// A session that runs programs in `mode`, on the CPU.
     pub fn new(mode: Mode) -> Session {
         // Tensor temporaries of megabytes come and go at every step of a
         // loop: keep freed memory instead of faulting fresh pages in.
         adjoint_runtime::memory::keep_freed_memory();
         Session {
             mode,
-            sources: SourceMap::new(),
-            program: None,
-            path: None,
+            device: Device::Cpu,
+            loaded: None,
         }
     }
 
+    /// A session with the given options; an error of kind
+    /// [`ErrorKind::DeviceUnavailable`] for a device this build cannot use.
+    pub fn with_options(options: Options) -> Result<Session, SessionError> {
+        match options.device {
+            Device::Cpu => {}
+            Device::Cuda => {
+                return Err(SessionError::plain(
+                    "CUDA is not available in this build".into(),
+                    "<options>",
+                    ErrorKind::DeviceUnavailable,
+                ))
+            }
+        }
+        let mut s = Session::new(options.mode);
+        s.device = options.device;
+        Ok(s)
+    }
+
+    /// The mode programs run in.
     pub fn mode(&self) -> Mode {
         self.mode
     }
 
-    /// Loads, parses and lowers a program from a file.
-    pub fn load_file(mut self, path: &Path) -> Result<Session, SessionError> {
+    /// The device programs run on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Changes the mode later calls run in (functions already taken with
+    /// [`Session::function`] keep theirs).
+    pub fn set_mode(&mut self, mode: Mode) {
+        self.mode = mode;
+    }
+
+    /// Loads, parses, lowers and differentiates a program from a file
+    /// (`import`s are read relative to it).
+    pub fn load_file(self, path: &Path) -> Result<Session, SessionError> {
         let text = std::fs::read_to_string(path).map_err(|e| SessionError::io(path, e))?;
-        self.path = Some(path.to_path_buf());
         self.load_named(path.display().to_string(), text, Some(path))
     }
 
     /// Loads a program from a file with `extra` source text appended (the
     /// command line uses this for the driver functions of `adjoint grad`).
-    pub fn load_file_with(mut self, path: &Path, extra: &str) -> Result<Session, SessionError> {
+    pub fn load_file_with(self, path: &Path, extra: &str) -> Result<Session, SessionError> {
         let mut text = std::fs::read_to_string(path).map_err(|e| SessionError::io(path, e))?;
         text.push('\n');
         text.push_str(extra);
-        self.path = Some(path.to_path_buf());
         self.load_named(path.display().to_string(), text, Some(path))
-    }
-
-    /// Runs function `name` of the loaded program (it must take no
-    /// arguments), writing what it prints to `out`; returns its result.
-    pub fn run_function(
-        &self,
-        name: &str,
-        out: &mut dyn std::io::Write,
-    ) -> Result<Value, SessionError> {
-        let program = self.program();
-        let mode = self.mode;
-        let ex = with_stack(|| program.prepare(name, mode)).map_err(|d| self.error(d))?;
-        program.execute(name, &ex, out).map_err(|d| self.error(d))
     }
 
     /// Loads a program from source text; `name` is shown in diagnostics.
@@ -208,46 +421,71 @@ impl Session {
         text: String,
         path: Option<&Path>,
     ) -> Result<Session, SessionError> {
-        let root = self.sources.add_file(name, text);
-        let sources = &mut self.sources;
-        match with_stack(|| Program::load(sources, root, path, &FsLoader)) {
-            Ok(mut p) => {
-                // Graph mode specialises the program to the shapes of the
-                // .npy files it loads (read from their headers).
-                p.set_npy_types(Box::new(npy_header_type));
-                self.program = Some(p);
-                Ok(self)
-            }
-            Err(diagnostics) => Err(self.error(diagnostics)),
-        }
+        self.loaded = Some(Arc::new(Loaded::load(name, text, path)?));
+        Ok(self)
+    }
+
+    fn loaded(&self) -> Result<&Arc<Loaded>, SessionError> {
+        self.loaded.as_ref().ok_or_else(|| {
+            SessionError::plain(
+                "no program is loaded: call `load_source` or `load_file` first".into(),
+                "<session>",
+                ErrorKind::Usage,
+            )
+        })
+    }
+
+    fn program(&self) -> Result<&Program, SessionError> {
+        Ok(&self.loaded()?.program)
     }
 
     fn error(&self, diagnostics: Vec<Diagnostic>) -> SessionError {
-        SessionError {
-            diagnostics,
-            sources: self.sources.clone(),
-            plain: false,
+        match &self.loaded {
+            Some(l) => l.error(diagnostics),
+            None => SessionError {
+                diagnostics,
+                sources: SourceMap::new(),
+                plain: true,
+                kind: ErrorKind::Program,
+            },
         }
     }
 
-    fn program(&self) -> &Program {
-        self.program.as_ref().expect("a program is loaded")
+    /// The function `name` of the loaded program (a function of the root
+    /// file), to call or to transform. It runs in the session's mode.
+    pub fn function(&self, name: &str) -> Result<Function, SessionError> {
+        Function::new(self.loaded()?.clone(), name, self.mode)
+    }
+
+    /// Runs function `name` of the loaded program (it must take no
+    /// arguments), writing what it prints to `out`; returns its result.
+    /// The compiled code is kept: running it again does not recompile.
+    pub fn run_function(
+        &self,
+        name: &str,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Value, SessionError> {
+        self.function(name)?.call_with_output(&[], out)
     }
 
     /// Type-checks the program (its `main`, if any).
     pub fn check(&self) -> Result<(), SessionError> {
-        let program = self.program();
+        let program = self.program()?;
         with_stack(|| program.check()).map_err(|d| self.error(d))
     }
 
     /// Runs `main`, writing what it prints to `out`.
     pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<(), SessionError> {
-        let program = self.program();
-        let mode = self.mode;
-        let ex = with_stack(|| program.prepare_main(mode)).map_err(|d| self.error(d))?;
-        program
-            .execute_main(&ex, out)
-            .map(|_| ())
+        self.run_function("main", out).map(|_| ())
+    }
+
+    /// The type of what function `name` returns when called with no
+    /// arguments (found by type inference; nothing runs), as the language
+    /// writes types: `f64[]`, `(f32[3], i64[])`, ...
+    pub fn result_type(&self, name: &str) -> Result<String, SessionError> {
+        let program = self.program()?;
+        with_stack(|| program.result_type(name, &[]))
+            .map(|t| t.to_string())
             .map_err(|d| self.error(d))
     }
 
@@ -261,7 +499,7 @@ impl Session {
         out: &mut dyn std::io::Write,
     ) -> Result<RunStats, SessionError> {
         use adjoint_runtime::memory::{heap_in_use, heap_peak, reset_heap_peak};
-        let program = self.program();
+        let program = self.program()?;
         let mode = self.mode;
         let start = heap_in_use();
         reset_heap_peak();
@@ -289,21 +527,21 @@ impl Session {
     /// The graph IR of one function (with everything it refers to), or of
     /// every function of the file.
     pub fn emit_ir(&self, function: Option<&str>) -> Result<String, SessionError> {
-        let p = self.program();
+        let p = self.program()?;
         let roots = self.roots(function)?;
         Ok(print_module(&p.lowered.module, &roots, None))
     }
 
     /// [`Session::emit_ir`] as a Graphviz drawing (`dot` syntax).
     pub fn emit_ir_dot(&self, function: Option<&str>) -> Result<String, SessionError> {
-        let p = self.program();
+        let p = self.program()?;
         let roots = self.roots(function)?;
         Ok(adjoint_compiler::ir::dot::to_dot(&p.lowered.module, &roots))
     }
 
     /// [`Session::emit_opt`] as a Graphviz drawing (`dot` syntax).
     pub fn emit_opt_dot(&self, function: Option<&str>) -> Result<String, SessionError> {
-        let p = self.program();
+        let p = self.program()?;
         let roots = self.roots(function)?;
         let (m, _) = with_stack(|| p.optimized(&roots));
         Ok(adjoint_compiler::ir::dot::to_dot(&m, &roots))
@@ -312,7 +550,7 @@ impl Session {
     /// The IR after the optimiser, with a header comment saying what it
     /// did (node and graph counts before and after).
     pub fn emit_opt(&self, function: Option<&str>) -> Result<String, SessionError> {
-        let p = self.program();
+        let p = self.program()?;
         let roots = self.roots(function)?;
         let (m, s) = with_stack(|| p.optimized(&roots));
         Ok(format!(
@@ -332,7 +570,7 @@ impl Session {
     /// The kernels graph mode compiles for entry function `name` (which
     /// takes no arguments), one line each.
     pub fn emit_kernels(&self, name: &str) -> Result<String, SessionError> {
-        let p = self.program();
+        let p = self.program()?;
         let roots = self.roots(Some(name))?;
         if let Err(d) = with_stack(|| p.check()) {
             return Err(self.error(d));
@@ -355,7 +593,7 @@ impl Session {
         &self,
         function: Option<&str>,
     ) -> Result<Vec<adjoint_compiler::ir::GraphId>, SessionError> {
-        let p = self.program();
+        let p = self.program()?;
         let roots: Vec<_> = match function {
             Some(f) => match p.function(f) {
                 Some(g) => vec![g],
@@ -383,8 +621,293 @@ impl Session {
                 diagnostics: diags,
                 sources,
                 plain: false,
+                kind: ErrorKind::Program,
             });
         }
         Ok(adjoint_lang::dump(&module, &sources))
+    }
+}
+
+// Functions may be shared between threads.
+const _: () = {
+    fn send_sync<T: Send + Sync>() {}
+    let _ = send_sync::<Function>;
+};
+
+/// A function of a loaded program, or one made from it by a transform
+/// (its gradient, its forward-mode derivative). Cheap to clone; the clones
+/// share compiled code.
+///
+/// It is compiled the first time it is called with arguments of a given
+/// signature (dtypes and shapes, and the values of int scalars, which the
+/// language lets a program specialise on); later calls with that
+/// signature reuse the compiled code.
+#[derive(Clone)]
+pub struct Function {
+    loaded: Arc<Loaded>,
+    name: String,
+    mode: Mode,
+    arity: usize,
+}
+
+impl std::fmt::Debug for Function {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Function({}/{})", self.name, self.arity)
+    }
+}
+
+impl Function {
+    fn new(loaded: Arc<Loaded>, name: &str, mode: Mode) -> Result<Function, SessionError> {
+        let Some(g) = loaded.program.function(name) else {
+            let mut known: Vec<&str> = loaded
+                .program
+                .lowered
+                .functions
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .filter(|n| !n.starts_with("__adjoint_"))
+                .collect();
+            known.sort();
+            let d = Diagnostic::error(
+                format!("this program has no `{name}` function"),
+                adjoint_lang::Span::point(loaded.program.root, 0),
+            );
+            let d = if known.is_empty() {
+                d
+            } else {
+                d.with_note(format!("its functions: {}", known.join(", ")))
+            };
+            let mut e = loaded.error(vec![d]);
+            e.kind = ErrorKind::Usage;
+            return Err(e);
+        };
+        let arity = loaded.program.arity(g);
+        Ok(Function {
+            name: name.to_string(),
+            arity,
+            loaded,
+            mode,
+        })
+    }
+
+    /// The function's name in the program (generated names for transforms:
+    /// `__adjoint_grad_f`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many arguments it takes.
+    pub fn arity(&self) -> usize {
+        self.arity
+    }
+
+    /// The mode it runs in.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The same function running in another mode (sharing compiled code).
+    pub fn with_mode(&self, mode: Mode) -> Function {
+        Function {
+            mode,
+            ..self.clone()
+        }
+    }
+
+    /// Calls the function; what it prints goes to standard output.
+    pub fn call(&self, args: &[Value]) -> Result<Value, SessionError> {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        self.call_with_output(args, &mut out)
+    }
+
+    /// Calls the function, writing what it prints to `out`.
+    pub fn call_with_output(
+        &self,
+        args: &[Value],
+        out: &mut dyn std::io::Write,
+    ) -> Result<Value, SessionError> {
+        let types = self.signature(args)?;
+        let ex = self.loaded.executable(&self.name, self.mode, types)?;
+        self.loaded
+            .program
+            .execute_with(&self.name, &ex, args.to_vec(), out)
+            .map_err(|d| self.loaded.error(d))
+    }
+
+    /// Compiles the function for arguments of the types of `args` (their
+    /// values are not used, except those of int scalars), without running
+    /// it; a later call with such arguments runs at once.
+    pub fn prepare(&self, args: &[Value]) -> Result<(), SessionError> {
+        let types = self.signature(args)?;
+        self.loaded
+            .executable(&self.name, self.mode, types)
+            .map(|_| ())
+    }
+
+    /// The type of the result for arguments like `args` (by type
+    /// inference; nothing runs), as the language writes types.
+    pub fn result_type(&self, args: &[Value]) -> Result<String, SessionError> {
+        let types = self.signature(args)?;
+        let program = &self.loaded.program;
+        with_stack(|| program.result_type(&self.name, &types))
+            .map(|t| t.to_string())
+            .map_err(|d| self.loaded.error(d))
+    }
+
+    /// How many executables have been compiled for this program so far
+    /// (one per function, mode and argument signature called).
+    pub fn compiled_count(&self) -> usize {
+        self.loaded.lock_cache().len()
+    }
+
+    /// The abstract types of the arguments, checked against the arity.
+    fn signature(&self, args: &[Value]) -> Result<Vec<AbsVal>, SessionError> {
+        if args.len() != self.arity {
+            return Err(SessionError::plain(
+                format!(
+                    "`{}` takes {} argument{}, but {} {} given",
+                    self.name,
+                    self.arity,
+                    if self.arity == 1 { "" } else { "s" },
+                    args.len(),
+                    if args.len() == 1 { "was" } else { "were" }
+                ),
+                &self.loaded.name,
+                ErrorKind::Usage,
+            ));
+        }
+        args.iter()
+            .enumerate()
+            .map(|(i, v)| {
+                AbsVal::from_value(v).ok_or_else(|| {
+                    SessionError::plain(
+                        format!(
+                            "argument {i} of `{}` is a {}, which cannot be passed from Rust",
+                            self.name,
+                            v.kind()
+                        ),
+                        &self.loaded.name,
+                        ErrorKind::Usage,
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// The gradient of this scalar-valued function with respect to its
+    /// first argument: `grad(f)` of the language. It takes the same
+    /// arguments and returns a value of the first argument's structure.
+    pub fn grad(&self) -> Result<Function, SessionError> {
+        self.transform("grad", |f| format!("grad({f})"))
+    }
+
+    /// The gradients with respect to the arguments `argnums` (a tuple of
+    /// them): `grad(f, argnums = (..))`.
+    pub fn grad_argnums(&self, argnums: &[usize]) -> Result<Function, SessionError> {
+        let (tag, list) = self.argnums(argnums)?;
+        self.transform(&format!("grad{tag}"), |f| {
+            format!("grad({f}, argnums = ({list}))")
+        })
+    }
+
+    /// `value_and_grad(f)`: a function returning `(f(x..), grad(f)(x..))`
+    /// from one forward pass.
+    pub fn value_and_grad(&self) -> Result<Function, SessionError> {
+        self.transform("vg", |f| format!("value_and_grad({f})"))
+    }
+
+    /// `value_and_grad(f, argnums = (..))`: the second element is a tuple
+    /// of the gradients with respect to `argnums`.
+    pub fn value_and_grad_argnums(&self, argnums: &[usize]) -> Result<Function, SessionError> {
+        let (tag, list) = self.argnums(argnums)?;
+        self.transform(&format!("vg{tag}"), |f| {
+            format!("value_and_grad({f}, argnums = ({list}))")
+        })
+    }
+
+    /// Forward mode: a function of twice as many arguments, the point
+    /// `x..` then the tangents `dx..`, returning `(f(x..), df(x..)·dx..)`
+    /// (`jvp(f, (x..), (dx..))` of the language).
+    pub fn jvp(&self) -> Result<Function, SessionError> {
+        let n = self.arity;
+        if n == 0 {
+            return Err(self.usage(format!(
+                "`{}` takes no arguments: there is nothing to differentiate",
+                self.name
+            )));
+        }
+        let xs: Vec<String> = (0..n).map(|i| format!("x{i}")).collect();
+        let ts: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+        let wrapper = format!("__adjoint_jvp_{}", self.name);
+        let src = format!(
+            "fn {wrapper}({}, {}) = jvp({}, ({},), ({},));\n",
+            xs.join(", "),
+            ts.join(", "),
+            self.name,
+            xs.join(", "),
+            ts.join(", ")
+        );
+        self.derive(&wrapper, &src)
+    }
+
+    fn argnums(&self, argnums: &[usize]) -> Result<(String, String), SessionError> {
+        if argnums.is_empty() {
+            return Err(self.usage("`argnums` is empty".into()));
+        }
+        if let Some(i) = argnums.iter().find(|i| **i >= self.arity) {
+            return Err(self.usage(format!(
+                "argument {i} is out of range: `{}` takes {} argument{}",
+                self.name,
+                self.arity,
+                if self.arity == 1 { "" } else { "s" }
+            )));
+        }
+        let tag: String = argnums.iter().map(|i| format!("_{i}")).collect();
+        let list: Vec<String> = argnums.iter().map(|i| i.to_string()).collect();
+        Ok((tag, format!("{},", list.join(", "))))
+    }
+
+    fn usage(&self, message: String) -> SessionError {
+        SessionError::plain(message, &self.loaded.name, ErrorKind::Usage)
+    }
+
+    /// A function `__adjoint_{tag}_{f}(x..) = {make(f)}(x..)`.
+    fn transform(
+        &self,
+        tag: &str,
+        make: impl FnOnce(&str) -> String,
+    ) -> Result<Function, SessionError> {
+        if self.arity == 0 {
+            return Err(self.usage(format!(
+                "`{}` takes no arguments: there is nothing to differentiate",
+                self.name
+            )));
+        }
+        let xs: Vec<String> = (0..self.arity).map(|i| format!("x{i}")).collect();
+        let wrapper = format!("__adjoint_{tag}_{}", self.name);
+        let src = format!(
+            "fn {wrapper}({}) = {}({});\n",
+            xs.join(", "),
+            make(&self.name),
+            xs.join(", ")
+        );
+        self.derive(&wrapper, &src)
+    }
+
+    /// Reloads the program with `src` (defining `wrapper`) appended, and
+    /// gives that function.
+    fn derive(&self, wrapper: &str, src: &str) -> Result<Function, SessionError> {
+        if self.loaded.program.function(wrapper).is_some() {
+            return Function::new(self.loaded.clone(), wrapper, self.mode);
+        }
+        let l = &self.loaded;
+        let mut text = l.text.clone();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(src);
+        let loaded = Loaded::load(l.name.clone(), text, l.path.as_deref())?;
+        Function::new(Arc::new(loaded), wrapper, self.mode)
     }
 }

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use adjoint::{Mode, Session, SessionError, Value};
 
 mod driver;
+mod repl;
 
 #[derive(Parser)]
 #[command(
@@ -77,6 +78,13 @@ enum Command {
         #[arg(long, default_value_t = 1e-4)]
         tolerance: f64,
     },
+    /// An interactive session: definitions, expressions, `:grad`, `:ir`, ...
+    /// (`:help` lists the commands).
+    Repl {
+        /// The mode expressions run in (`:mode` changes it).
+        #[arg(long, value_enum, default_value = "graph")]
+        mode: ModeArg,
+    },
     /// Print one stage of the compiler's work on a program.
     Emit {
         file: PathBuf,
@@ -108,6 +116,12 @@ fn main() -> ExitCode {
         eprintln!("error: internal compiler error: {msg}{at}\nplease report this as a bug");
     }));
     let cli = Cli::parse();
+    if let Command::Repl { mode } = cli.command {
+        return repl::run(match mode {
+            ModeArg::Eager => Mode::Eager,
+            ModeArg::Graph => Mode::Graph,
+        });
+    }
     match std::panic::catch_unwind(|| run(cli)) {
         Ok(code) => code,
         Err(_) => ExitCode::from(101),
@@ -124,6 +138,7 @@ fn run(cli: Cli) -> ExitCode {
             };
             run_file(&file, mode, stats)
         }
+        Command::Repl { .. } => Ok(()),
         Command::Check { file } => Session::new(Mode::Eager)
             .load_file(&file)
             .and_then(|s| s.check()),

@@ -16,7 +16,7 @@ use crate::lower::{span_of, Lowered, Lowerer, SourceLoader};
 /// How a program runs: its IR as lowered and differentiated, one
 /// primitive at a time (`Eager`, for debugging), or through the optimiser
 /// first (`Graph`, the default).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Mode {
     Eager,
     #[default]
@@ -179,16 +179,34 @@ impl Program {
     }
 
     fn infer_entry(&self, entry: GraphId) -> Result<(), Vec<Diagnostic>> {
-        use crate::infer::{infer_module_with, AbsVal, InferOptions};
-        let m = &self.lowered.module;
-        let nparams = m.graph(entry).params.len();
-        let mut args = Vec::new();
-        if self.lowered.effectful.contains(&entry) {
-            if nparams != 1 {
-                return Err(vec![self.main_params_error(entry)]);
-            }
-            args.push(AbsVal::Io);
+        self.infer_entry_with(entry, &[]).map(|_| ())
+    }
+
+    /// The number of arguments entry function `g` takes from its caller
+    /// (its parameters, less the IO token of one that does IO).
+    pub fn arity(&self, g: GraphId) -> usize {
+        let n = self.lowered.module.graph(g).params.len();
+        if self.lowered.effectful.contains(&g) {
+            n.saturating_sub(1)
+        } else {
+            n
         }
+    }
+
+    /// Type-checks entry graph `entry` called with arguments of the given
+    /// abstract types (with the IO token added for one that does IO);
+    /// returns what inference found.
+    fn infer_entry_with(
+        &self,
+        entry: GraphId,
+        args: &[crate::infer::AbsVal],
+    ) -> Result<crate::infer::Types, Vec<Diagnostic>> {
+        use crate::infer::{infer_module_with, InferOptions};
+        let m = &self.lowered.module;
+        if self.arity(entry) != args.len() {
+            return Err(vec![self.arity_error(entry, args.len())]);
+        }
+        let args = self.entry_args_with(entry, args);
         let internal: Vec<u32> = self.lowered.stdlib_files.iter().map(|f| f.0).collect();
         let opts = InferOptions {
             internal_files: &internal,
@@ -198,10 +216,63 @@ impl Program {
             .map_err(|e| vec![infer_diagnostic(&e, self.root)])?;
         let failed = crate::checks::run(&self.lowered.checks, m, &types);
         if failed.is_empty() {
-            Ok(())
+            Ok(types)
         } else {
             Err(failed)
         }
+    }
+
+    /// The type of what entry function `name` returns when called with
+    /// arguments of the given abstract types (type-checked as by
+    /// [`Program::prepare_with`], not run).
+    pub fn result_type(
+        &self,
+        name: &str,
+        args: &[crate::infer::AbsVal],
+    ) -> Result<crate::infer::AbsVal, Vec<Diagnostic>> {
+        let g = self.entry(name)?;
+        let types = self.infer_entry_with(g, args)?;
+        let r = types.result().clone();
+        Ok(match r {
+            crate::infer::AbsVal::Tuple(mut items)
+                if self.lowered.effectful.contains(&g) && items.len() == 2 =>
+            {
+                items.pop().expect("two items")
+            }
+            r => r,
+        })
+    }
+
+    fn arity_error(&self, entry: GraphId, given: usize) -> Diagnostic {
+        let name = self
+            .lowered
+            .functions
+            .iter()
+            .find(|(_, g)| *g == entry)
+            .map(|(n, _)| n.as_str())
+            .unwrap_or("the entry function");
+        if name == "main" && given == 0 {
+            return self.main_params_error(entry);
+        }
+        let loc = self.lowered.module.graph(entry).loc;
+        let n = self.arity(entry);
+        Diagnostic::error(
+            format!(
+                "`{name}` takes {n} argument{}, but {given} {} given",
+                if n == 1 { "" } else { "s" },
+                if given == 1 { "was" } else { "were" }
+            ),
+            span_of(loc).unwrap_or(Span::point(self.root, 0)),
+        )
+    }
+
+    fn entry(&self, name: &str) -> Result<GraphId, Vec<Diagnostic>> {
+        self.function(name).ok_or_else(|| {
+            vec![Diagnostic::error(
+                format!("this program has no `{name}` function"),
+                Span::point(self.root, 0),
+            )]
+        })
     }
 
     fn main_params_error(&self, entry: GraphId) -> Diagnostic {
@@ -221,13 +292,26 @@ impl Program {
     /// the program itself keeps its unoptimised IR), and what the optimiser
     /// did.
     pub fn optimized(&self, roots: &[GraphId]) -> (crate::ir::Module, crate::opt::Stats) {
-        let mut m = self.lowered.module.clone();
         // An entry point that takes no arguments (`main`, or a driver) can
         // be typed, and its shapes folded.
         let entry = match roots {
-            [g] if m.graph(*g).params.is_empty() => Some((*g, Vec::new())),
-            [g] if self.lowered.effectful.contains(g) && m.graph(*g).params.len() == 1 => {
-                Some((*g, vec![crate::infer::AbsVal::Io]))
+            [g] if self.arity(*g) == 0 => Some(Vec::new()),
+            _ => None,
+        };
+        self.optimized_for(roots, entry.as_deref())
+    }
+
+    /// [`Program::optimized`] for a single entry whose arguments have the
+    /// given abstract types (`None`: not known), which the typed pass uses.
+    pub fn optimized_for(
+        &self,
+        roots: &[GraphId],
+        entry_args: Option<&[crate::infer::AbsVal]>,
+    ) -> (crate::ir::Module, crate::opt::Stats) {
+        let mut m = self.lowered.module.clone();
+        let entry = match (roots, entry_args) {
+            ([g], Some(args)) if self.arity(*g) == args.len() => {
+                Some((*g, self.entry_args_with(*g, args)))
             }
             _ => None,
         };
@@ -291,42 +375,66 @@ impl Program {
     /// kernels need its types; when inference cannot give them, only the
     /// matrix products of transposes (which need none) are planned.
     pub fn fusion_plan(&self, m: &crate::ir::Module, entry: GraphId) -> Option<crate::fuse::Plan> {
+        self.fusion_plan_for(m, entry, &[])
+    }
+
+    /// [`Program::fusion_plan`] for an entry called with arguments of the
+    /// given abstract types.
+    fn fusion_plan_for(
+        &self,
+        m: &crate::ir::Module,
+        entry: GraphId,
+        args: &[crate::infer::AbsVal],
+    ) -> Option<crate::fuse::Plan> {
         let load_type = self.load_type_fn();
         let opts = crate::infer::InferOptions {
             only_taken_branches: true,
             load_type: load_type.as_deref(),
             ..Default::default()
         };
-        let types = crate::infer::infer_module_with(m, entry, &self.entry_args(entry), &opts)
-            .map_err(|e| {
-                if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
-                    eprintln!("fuse: inference of the optimised module failed: {e}");
-                }
-            })
-            .ok();
+        let types =
+            crate::infer::infer_module_with(m, entry, &self.entry_args_with(entry, args), &opts)
+                .map_err(|e| {
+                    if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
+                        eprintln!("fuse: inference of the optimised module failed: {e}");
+                    }
+                })
+                .ok();
         Some(crate::fuse::plan(m, &[entry], types.as_ref()))
     }
 
-    /// The abstract arguments of an entry function: the IO token for one
-    /// that does IO, else none.
-    fn entry_args(&self, g: GraphId) -> Vec<crate::infer::AbsVal> {
+    /// The abstract arguments of an entry function: `args`, then the IO
+    /// token for one that does IO.
+    fn entry_args_with(
+        &self,
+        g: GraphId,
+        args: &[crate::infer::AbsVal],
+    ) -> Vec<crate::infer::AbsVal> {
+        let mut all = args.to_vec();
         if self.lowered.effectful.contains(&g) {
-            vec![crate::infer::AbsVal::Io]
-        } else {
-            Vec::new()
+            all.push(crate::infer::AbsVal::Io);
         }
+        all
     }
 
     /// Type-checks entry function `name` (which takes no arguments) and
     /// compiles it for the VM, through the optimiser in graph mode.
     pub fn prepare(&self, name: &str, mode: Mode) -> Result<Executable, Vec<Diagnostic>> {
-        let Some(main) = self.function(name) else {
-            return Err(vec![Diagnostic::error(
-                format!("this program has no `{name}` function"),
-                Span::point(self.root, 0),
-            )]);
-        };
-        self.infer_entry(main)?;
+        self.prepare_with(name, mode, &[])
+    }
+
+    /// Type-checks entry function `name` for arguments of the given
+    /// abstract types and compiles it for the VM, through the optimiser in
+    /// graph mode (which specialises the program to those types: an
+    /// executable serves every call with arguments of these types).
+    pub fn prepare_with(
+        &self,
+        name: &str,
+        mode: Mode,
+        args: &[crate::infer::AbsVal],
+    ) -> Result<Executable, Vec<Diagnostic>> {
+        let main = self.entry(name)?;
+        self.infer_entry_with(main, args)?;
         // Differentiating code that differentiates a function value at run
         // time follows the transforms' graphs back to their sources, which
         // the optimiser's inlining would have copied: such a program runs
@@ -340,7 +448,7 @@ impl Program {
             Mode::Eager => exec::compile(&self.lowered.module, &[main])
                 .map(|ex| self.with_dynamic(ex, &self.lowered.module, &[main])),
             Mode::Graph => {
-                let (m, _) = self.optimized(&[main]);
+                let (m, _) = self.optimized_for(&[main], Some(args));
                 if cfg!(debug_assertions) {
                     if let Err(errors) = crate::ir::verify::verify_reachable(&m, &[main]) {
                         return Err(vec![located(
@@ -353,7 +461,7 @@ impl Program {
                         )]);
                     }
                 }
-                let mut plan = self.fusion_plan(&m, main);
+                let mut plan = self.fusion_plan_for(&m, main, args);
                 if let Some(p) = plan.as_mut() {
                     p.load_check = self.load_check();
                 }
@@ -396,15 +504,40 @@ impl Program {
         ex: &Executable,
         out: &mut dyn std::io::Write,
     ) -> Result<Value, Vec<Diagnostic>> {
-        let main = self.function(name).expect("prepared");
-        let f = ex.function(main).expect("main is compiled");
+        self.execute_with(name, ex, Vec::new(), out)
+    }
+
+    /// Runs entry function `name` from an executable prepared (by
+    /// [`Program::prepare_with`]) for arguments of the types of `args`.
+    pub fn execute_with(
+        &self,
+        name: &str,
+        ex: &Executable,
+        mut args: Vec<Value>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Value, Vec<Diagnostic>> {
+        let main = self.entry(name)?;
+        let Some(f) = ex.function(main) else {
+            return Err(vec![located(
+                format!("internal error: `{name}` is not compiled in this executable"),
+                Loc::NONE,
+                self.root,
+            )]);
+        };
+        if args.len() != self.arity(main) {
+            return Err(vec![self.arity_error(main, args.len())]);
+        }
+        let effectful = self.lowered.effectful.contains(&main);
+        if effectful {
+            args.push(Value::Io);
+        }
         let mut vm = Vm::new(&ex.program, out);
-        let r = vm.call(&f, vec![Value::Io]);
+        let r = vm.call(&f, args);
         drop(vm);
         let _ = out.flush();
         match r {
             Ok(v) => Ok(match v {
-                Value::Tuple(t) if t.len() == 2 => t[1].clone(),
+                Value::Tuple(t) if effectful && t.len() == 2 => t[1].clone(),
                 v => v,
             }),
             Err(e) => Err(vec![vm_diagnostic(

@@ -179,6 +179,133 @@ impl From<Tensor> for Value {
     }
 }
 
+/// Conversions between values and Rust numbers, vectors and slices (for
+/// programs that embed the compiler). Values made here are strongly typed:
+/// an `f64` is an `f64` scalar, not a weakly typed literal.
+impl Value {
+    /// An `f64` tensor of the given shape from its elements, row-major:
+    /// `Value::tensor_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2])`. An error when
+    /// the number of elements is not the shape's size.
+    pub fn tensor_f64(data: &[f64], shape: &[usize]) -> Result<Value, crate::RtError> {
+        Ok(Value::Tensor(Tensor::from_vec(data.to_vec(), shape)?))
+    }
+
+    /// An `f32` tensor of the given shape from its elements, row-major.
+    pub fn tensor_f32(data: &[f32], shape: &[usize]) -> Result<Value, crate::RtError> {
+        Ok(Value::Tensor(Tensor::from_vec(data.to_vec(), shape)?))
+    }
+
+    /// An `i64` tensor of the given shape from its elements, row-major.
+    pub fn tensor_i64(data: &[i64], shape: &[usize]) -> Result<Value, crate::RtError> {
+        Ok(Value::Tensor(Tensor::from_vec(data.to_vec(), shape)?))
+    }
+
+    /// The value of a 0-d numeric tensor (or one with a single element) as
+    /// an `f64`; `None` for anything else.
+    pub fn to_f64(&self) -> Option<f64> {
+        let t = self.as_tensor()?;
+        if t.len() != 1 || !t.dtype().is_numeric() {
+            return None;
+        }
+        t.as_f64_vec().first().copied()
+    }
+
+    /// The value of a 0-d int tensor; `None` for anything else.
+    pub fn to_i64(&self) -> Option<i64> {
+        self.as_tensor()?.to_i64_scalar()
+    }
+
+    /// The value of a 0-d bool tensor; `None` for anything else.
+    pub fn to_bool(&self) -> Option<bool> {
+        self.as_tensor()?.to_bool_scalar()
+    }
+
+    /// The elements of a numeric tensor converted to `f64`, row-major;
+    /// `None` when this is not a numeric tensor.
+    pub fn to_vec_f64(&self) -> Option<Vec<f64>> {
+        let t = self.as_tensor()?;
+        t.dtype().is_numeric().then(|| t.as_f64_vec())
+    }
+
+    /// The elements of a numeric tensor converted to `f32`, row-major.
+    pub fn to_vec_f32(&self) -> Option<Vec<f32>> {
+        Some(self.to_vec_f64()?.into_iter().map(|x| x as f32).collect())
+    }
+
+    /// The shape of a tensor (`[]` for a scalar); `None` for other values.
+    pub fn shape(&self) -> Option<&[usize]> {
+        self.as_tensor().map(Tensor::shape)
+    }
+
+    /// The dtype of a tensor; `None` for other values.
+    pub fn dtype(&self) -> Option<DType> {
+        self.as_tensor().map(Tensor::dtype)
+    }
+}
+
+impl From<f64> for Value {
+    /// An `f64` scalar.
+    fn from(v: f64) -> Value {
+        Value::Tensor(Tensor::scalar(v))
+    }
+}
+
+impl From<f32> for Value {
+    /// An `f32` scalar.
+    fn from(v: f32) -> Value {
+        Value::Tensor(Tensor::scalar(v))
+    }
+}
+
+impl From<i64> for Value {
+    /// An `i64` scalar.
+    fn from(v: i64) -> Value {
+        Value::Tensor(Tensor::scalar(v))
+    }
+}
+
+impl From<i32> for Value {
+    /// An `i32` scalar.
+    fn from(v: i32) -> Value {
+        Value::Tensor(Tensor::scalar(v))
+    }
+}
+
+impl From<bool> for Value {
+    /// A bool scalar.
+    fn from(v: bool) -> Value {
+        Value::Tensor(Tensor::scalar(v))
+    }
+}
+
+impl From<Vec<f64>> for Value {
+    /// A 1-d `f64` tensor.
+    fn from(v: Vec<f64>) -> Value {
+        Value::Tensor(Tensor::vector(v))
+    }
+}
+
+impl From<&[f64]> for Value {
+    /// A 1-d `f64` tensor.
+    fn from(v: &[f64]) -> Value {
+        Value::Tensor(Tensor::vector(v.to_vec()))
+    }
+}
+
+impl From<Vec<f32>> for Value {
+    /// A 1-d `f32` tensor.
+    fn from(v: Vec<f32>) -> Value {
+        Value::Tensor(Tensor::vector(v))
+    }
+}
+
+impl From<&[f32]> for Value {
+    /// A 1-d `f32` tensor.
+    fn from(v: &[f32]) -> Value {
+        Value::Tensor(Tensor::vector(v.to_vec()))
+    }
+}
+
 impl PartialEq for Value {
     fn eq(&self, other: &Value) -> bool {
         match (self, other) {

@@ -1,0 +1,989 @@
+//! `adjoint repl`: an interactive session.
+//!
+//! Definitions (`fn`, `bprop`, `import` items, and `let` bindings) are
+//! kept as source text; each input is compiled with them through a fresh
+//! [`Session`]: an expression becomes the body of a hidden function
+//! `__repl_input` (after the `let` bindings), which is run and its value
+//! printed. A definition is compiled before it is accepted, so a bad one is
+//! rejected and leaves the session as it was. Redefining a function
+//! replaces it. An input whose brackets are not closed continues on the
+//! next line.
+//!
+//! On a terminal, lines are read with rustyline (history in
+//! `$ADJOINT_HISTORY`, else `adjoint/history` in the user's data
+//! directory); otherwise they are read from standard input as they come,
+//! with no prompt and no history, so that a script can be piped in.
+//! Nothing typed ends the session but `:quit` or the end of the input: an
+//! error prints its diagnostic, and a panic in the compiler (a bug) prints
+//! an internal-error message.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use adjoint::{Mode, Session, SessionError, Value};
+use adjoint_lang::{ast, FileId};
+
+/// The hidden function an expression becomes.
+const INPUT: &str = "__repl_input";
+/// The name diagnostics show for the REPL's source.
+const SOURCE_NAME: &str = "<repl>";
+
+const HELP: &str = "\
+Enter definitions (`fn f(x) = ...`, `let x = ...`, `import nn`) and
+expressions (printed). An unclosed bracket continues the input on the next
+line. Commands:
+  :grad F [ARGS..]  the signature of grad(F); with arguments, its value there
+  :type EXPR        the type of EXPR (inferred, not run)
+  :ir EXPR          the IR of EXPR as lowered and differentiated
+  :opt EXPR         the IR of EXPR after graph mode's optimiser
+  :time EXPR        EXPR's value and the time to load, compile and run it
+  :mode [eager|graph]  show or set the execution mode
+  :load FILE        add the definitions of a file
+  :defs             list the definitions
+  :reset            forget every definition
+  :help             this text
+  :quit             leave (also Ctrl-D)
+";
+
+/// One accepted definition: the names it defines and its text.
+#[derive(Clone, Debug)]
+struct Def {
+    key: String,
+    text: String,
+}
+
+/// The state of a session.
+pub struct Repl {
+    mode: Mode,
+    /// `import` items, in order (they go first in the generated source).
+    imports: Vec<Def>,
+    /// `fn` and `bprop` items.
+    items: Vec<Def>,
+    /// `let` statements, in order.
+    lets: Vec<String>,
+    color: bool,
+}
+
+/// What the input loop should do next.
+#[derive(PartialEq)]
+enum Flow {
+    Continue,
+    Quit,
+}
+
+/// The message of the last panic (a compiler bug), recorded by the hook.
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+impl Repl {
+    /// A session with no definitions.
+    pub fn new(mode: Mode) -> Repl {
+        Repl {
+            mode,
+            imports: Vec::new(),
+            items: Vec::new(),
+            lets: Vec::new(),
+            color: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// Handles one complete input (possibly several lines), writing results
+    /// to `out` and diagnostics to `err`. Never panics: a panic inside the
+    /// compiler is reported as an internal error.
+    fn handle(&mut self, input: &str, out: &mut dyn Write, err: &mut dyn Write) -> Flow {
+        *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.dispatch(input, out)));
+        let _ = out.flush();
+        match r {
+            Ok(Ok(flow)) => flow,
+            Ok(Err(e)) => {
+                let _ = write!(err, "{}", e.render(self.color));
+                let _ = err.flush();
+                Flow::Continue
+            }
+            Err(payload) => {
+                let recorded = LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let msg = recorded.unwrap_or_else(|| panic_message(&*payload));
+                let _ = writeln!(
+                    err,
+                    "error: internal error: {msg}\nthis is a bug in Adjoint; the session goes on"
+                );
+                let _ = err.flush();
+                Flow::Continue
+            }
+        }
+    }
+
+    fn dispatch(&mut self, input: &str, out: &mut dyn Write) -> Result<Flow, SessionError> {
+        let input = input.trim();
+        if input.is_empty() {
+            return Ok(Flow::Continue);
+        }
+        if let Some(cmd) = input.strip_prefix(':') {
+            return self.command(cmd, out);
+        }
+        match first_word(input) {
+            "fn" | "bprop" | "import" => self.define(input)?,
+            "let" => self.bind(input, out)?,
+            _ => {
+                let v = self.eval(input, out)?;
+                print_value(&v, out);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn command(&mut self, cmd: &str, out: &mut dyn Write) -> Result<Flow, SessionError> {
+        let cmd = cmd.trim();
+        let (name, rest) = match cmd.find(char::is_whitespace) {
+            Some(i) => (&cmd[..i], cmd[i..].trim()),
+            None => (cmd, ""),
+        };
+        let need = |what: &str| -> Result<(), SessionError> {
+            if rest.is_empty() {
+                Err(SessionError::message(format!(
+                    "`:{name}` needs {what} (see :help)"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        match name {
+            "q" | "quit" | "exit" => return Ok(Flow::Quit),
+            "h" | "help" | "?" => write_out(out, HELP),
+            "grad" => {
+                need("a function name")?;
+                self.grad(rest, out)?;
+            }
+            "type" | "t" => {
+                need("an expression")?;
+                let s = self.session_for(rest)?;
+                let t = s.result_type(INPUT)?;
+                write_out(out, &format!("{t}\n"));
+            }
+            "ir" => {
+                need("an expression")?;
+                let s = self.session_for(rest)?;
+                write_out(out, &s.emit_ir(Some(INPUT))?);
+            }
+            "opt" => {
+                need("an expression")?;
+                let s = self.session_for(rest)?;
+                write_out(out, &s.emit_opt(Some(INPUT))?);
+            }
+            "time" => {
+                need("an expression")?;
+                self.time(rest, out)?;
+            }
+            "mode" => match rest {
+                "" => write_out(out, &format!("{}\n", mode_name(self.mode))),
+                "eager" => {
+                    self.mode = Mode::Eager;
+                    write_out(out, "mode: eager\n");
+                }
+                "graph" => {
+                    self.mode = Mode::Graph;
+                    write_out(out, "mode: graph\n");
+                }
+                other => {
+                    return Err(SessionError::message(format!(
+                        "unknown mode `{other}`: expected `eager` or `graph`"
+                    )))
+                }
+            },
+            "load" | "l" => {
+                need("a file name")?;
+                let path = rest.trim_matches('"');
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    SessionError::message(format!("cannot read \"{path}\": {}", io_reason(&e)))
+                })?;
+                let dir = Path::new(path).parent().map(|d| {
+                    if d.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        d
+                    }
+                });
+                let n = self.define_named(&text, path, dir)?;
+                write_out(
+                    out,
+                    &format!(
+                        "loaded {n} definition{} from {path}\n",
+                        if n == 1 { "" } else { "s" }
+                    ),
+                );
+            }
+            "defs" => {
+                let mut s = String::new();
+                for d in self.imports.iter().chain(&self.items) {
+                    s.push_str(&d.text);
+                    s.push('\n');
+                }
+                for l in &self.lets {
+                    s.push_str(l);
+                    s.push('\n');
+                }
+                write_out(out, &s);
+            }
+            "reset" => {
+                self.imports.clear();
+                self.items.clear();
+                self.lets.clear();
+            }
+            other => {
+                return Err(SessionError::message(format!(
+                    "unknown command `:{other}` (see :help)"
+                )))
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// The program: imports, then `first` (the new input), then the other
+    /// definitions.
+    fn source(&self, first: &str, skip: &[String]) -> String {
+        let mut s = String::new();
+        for d in &self.imports {
+            if !skip.contains(&d.key) {
+                s.push_str(&d.text);
+                s.push('\n');
+            }
+        }
+        s.push_str(first);
+        s.push('\n');
+        for d in &self.items {
+            if !skip.contains(&d.key) {
+                s.push_str(&d.text);
+                s.push('\n');
+            }
+        }
+        s
+    }
+
+    /// The hidden function whose body is the `let` bindings, then `body`.
+    fn input_fn(&self, body: &str) -> String {
+        let mut s = format!("fn {INPUT}() {{\n");
+        for l in &self.lets {
+            s.push_str(l);
+            s.push('\n');
+        }
+        s.push_str(body);
+        s.push_str("\n}");
+        s
+    }
+
+    /// A session with the program and the hidden function for `expr`.
+    fn session_for(&self, expr: &str) -> Result<Session, SessionError> {
+        let text = self.source(&self.input_fn(expr), &[]);
+        Session::new(self.mode).load_source(SOURCE_NAME, &text)
+    }
+
+    /// Evaluates an expression (or statements ending in one).
+    fn eval(&self, expr: &str, out: &mut dyn Write) -> Result<Value, SessionError> {
+        self.session_for(expr)?.run_function(INPUT, out)
+    }
+
+    /// `let pattern = expr`: checked by running it, then kept.
+    fn bind(&mut self, input: &str, out: &mut dyn Write) -> Result<(), SessionError> {
+        let stmt = if input.ends_with(';') {
+            input.to_string()
+        } else {
+            format!("{input};")
+        };
+        self.eval(&format!("{stmt}\n()"), out)?;
+        self.lets.push(stmt);
+        Ok(())
+    }
+
+    /// Items typed at the prompt.
+    fn define(&mut self, input: &str) -> Result<(), SessionError> {
+        self.define_named(input, SOURCE_NAME, None).map(|_| ())
+    }
+
+    /// Adds the items of `text` (replacing definitions of the same names)
+    /// once the program with them compiles; returns how many there were.
+    fn define_named(
+        &mut self,
+        text: &str,
+        name: &str,
+        base: Option<&Path>,
+    ) -> Result<usize, SessionError> {
+        let (module, diags) = adjoint_lang::parse(FileId(0), text);
+        if diags.iter().any(|d| d.is_error()) {
+            // Let the session render the syntax errors.
+            return Err(Session::new(self.mode)
+                .load_source(name, text)
+                .err()
+                .unwrap_or_else(|| SessionError::message("syntax error".into())));
+        }
+        let mut new_imports = Vec::new();
+        let mut new_items = Vec::new();
+        for item in &module.items {
+            let span = item.span().range();
+            let Some(src) = text.get(span) else { continue };
+            let key = match item {
+                ast::Item::Fn(f) => format!("fn {}", f.name.name),
+                ast::Item::Bprop(f) => format!("bprop {}", f.name.name),
+                ast::Item::Import(i) => {
+                    let mut t = src.to_string();
+                    // A file imported by a loaded file is relative to it.
+                    if let (ast::ImportPath::File { path, span }, Some(dir)) = (&i.module, base) {
+                        let lo = span.range().start - item.span().range().start;
+                        let hi = span.range().end - item.span().range().start;
+                        if Path::new(path).is_relative() && t.get(lo..hi).is_some() {
+                            let full = dir.join(path).display().to_string();
+                            t.replace_range(lo..hi, &format!("{full:?}"));
+                        }
+                    }
+                    if !t.trim_end().ends_with(';') {
+                        t.push(';');
+                    }
+                    new_imports.push(Def {
+                        key: format!("import {}", t.trim().trim_end_matches(';')),
+                        text: t,
+                    });
+                    continue;
+                }
+            };
+            let mut t = src.to_string();
+            if matches!(item, ast::Item::Fn(f) | ast::Item::Bprop(f) if !matches!(*f.body.kind, ast::ExprKind::Block(..)))
+                && !t.trim_end().ends_with(';')
+            {
+                t.push(';');
+            }
+            new_items.push(Def { key, text: t });
+        }
+        let n = new_imports.len() + new_items.len();
+        if n == 0 {
+            return Err(SessionError::message(format!("{name} has no definitions")));
+        }
+        // The candidate program: every old definition not redefined, the
+        // new ones, and a use of every `let` so that they are checked too.
+        let replaced: Vec<String> = new_items.iter().map(|d| d.key.clone()).collect();
+        let mut candidate = Repl {
+            mode: self.mode,
+            imports: self.imports.clone(),
+            items: self
+                .items
+                .iter()
+                .filter(|d| !replaced.contains(&d.key))
+                .cloned()
+                .collect(),
+            lets: self.lets.clone(),
+            color: self.color,
+        };
+        for d in new_imports {
+            if !candidate.imports.iter().any(|o| o.key == d.key) {
+                candidate.imports.push(d);
+            }
+        }
+        candidate.items.extend(new_items);
+        let text = candidate.source("", &[]);
+        if let Err(e) = Session::new(self.mode).load_source(SOURCE_NAME, &text) {
+            // A `let` name used in a definition: say why it is not found.
+            let used = self
+                .let_names()
+                .into_iter()
+                .find(|n| e.summary().contains(&format!("`{n}`")));
+            return Err(match used {
+                Some(n) => e.with_note(format!(
+                    "`{n}` is bound by a `let` at the prompt: such names are visible to \
+                     later expressions, not inside `fn` definitions; pass it as an argument"
+                )),
+                None => e,
+            });
+        }
+        *self = candidate;
+        Ok(n)
+    }
+
+    /// The names the `let` statements bind (the identifiers of their
+    /// patterns).
+    fn let_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for l in &self.lets {
+            let pattern = l
+                .trim_start()
+                .strip_prefix("let")
+                .and_then(|r| r.split('=').next())
+                .unwrap_or("");
+            for word in pattern.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+                if !word.is_empty() && word != "mut" && word != "_" {
+                    names.push(word.to_string());
+                }
+            }
+        }
+        names
+    }
+
+    /// `:grad F [ARGS..]`.
+    fn grad(&self, rest: &str, out: &mut dyn Write) -> Result<(), SessionError> {
+        let (f, args) = match rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.')) {
+            Some(i) => (&rest[..i], rest[i..].trim()),
+            None => (rest, ""),
+        };
+        if f.is_empty() {
+            return Err(SessionError::message(
+                "`:grad` needs a function name: `:grad f` or `:grad f 1.2`".into(),
+            ));
+        }
+        let params = self.params_of(f);
+        let args = split_args(args);
+        if args.is_empty() {
+            // Check that `grad(f)` compiles, then show its signature.
+            self.session_for(&format!("grad({f})"))?;
+            let sig = match &params {
+                Some(ps) if !ps.is_empty() => {
+                    let first = &ps[0];
+                    let result = match &first.1 {
+                        Some(t) => t.clone(),
+                        None => format!("the type of {}", first.0),
+                    };
+                    format!(
+                        "grad({f}) : ({}) -> {result}\n",
+                        ps.iter()
+                            .map(|(n, t)| match t {
+                                Some(t) => format!("{n}: {t}"),
+                                None => n.clone(),
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+                Some(_) => {
+                    return Err(SessionError::message(format!(
+                        "`{f}` takes no arguments: there is nothing to differentiate"
+                    )))
+                }
+                None => format!("grad({f}) : (x, ..) -> the type of x\n"),
+            };
+            write_out(out, &sig);
+            return Ok(());
+        }
+        let mut body = String::new();
+        let names: Vec<String> = (0..args.len()).map(|i| format!("__repl_a{i}")).collect();
+        for (n, a) in names.iter().zip(&args) {
+            body.push_str(&format!("let {n} = {a};\n"));
+        }
+        body.push_str(&format!(
+            "(grad({f})({}), ({},))",
+            names.join(", "),
+            names.join(", ")
+        ));
+        let v = self.eval(&body, out)?;
+        let (g, xs) = match v.as_tuple() {
+            Some([g, xs]) => (g.clone(), xs.as_tuple().map(<[Value]>::to_vec)),
+            _ => (v.clone(), None),
+        };
+        let xs = xs.unwrap_or_default();
+        let param_names: Vec<String> = match &params {
+            Some(ps) => ps.iter().map(|p| p.0.clone()).collect(),
+            None => Vec::new(),
+        };
+        let sig: Vec<String> = xs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match param_names.get(i) {
+                Some(n) => format!("{n}: {}", value_type(x)),
+                None => value_type(x),
+            })
+            .collect();
+        write_out(
+            out,
+            &format!("grad({f}) : ({}) -> {}\n", sig.join(", "), value_type(&g)),
+        );
+        print_value(&g, out);
+        Ok(())
+    }
+
+    /// The parameters (names and written annotations) of a function defined
+    /// at the prompt.
+    fn params_of(&self, f: &str) -> Option<Vec<(String, Option<String>)>> {
+        let key = format!("fn {f}");
+        let def = self.items.iter().find(|d| d.key == key)?;
+        let (module, _) = adjoint_lang::parse(FileId(0), &def.text);
+        module.items.iter().find_map(|i| match i {
+            ast::Item::Fn(d) if d.name.name == f => Some(
+                d.params
+                    .iter()
+                    .map(|p| {
+                        let ty = p.ty.as_ref().and_then(|_| {
+                            // The annotation as written: from after the
+                            // name's `:` to the end of the parameter (or
+                            // its default).
+                            let text = def.text.get(p.span.range())?;
+                            let after = text.split_once(':')?.1;
+                            Some(after.split('=').next()?.trim().to_string())
+                        });
+                        (p.name.name.to_string(), ty)
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        })
+    }
+
+    /// `:time EXPR`.
+    fn time(&self, expr: &str, out: &mut dyn Write) -> Result<(), SessionError> {
+        let t0 = Instant::now();
+        let s = self.session_for(expr)?;
+        let t1 = Instant::now();
+        let f = s.function(INPUT)?;
+        f.prepare(&[])?;
+        let t2 = Instant::now();
+        let v = f.call_with_output(&[], out)?;
+        let t3 = Instant::now();
+        print_value(&v, out);
+        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+        write_out(
+            out,
+            &format!(
+                "time: load {:.3} ms, compile {:.3} ms, run {:.3} ms ({} mode)\n",
+                ms(t0, t1),
+                ms(t1, t2),
+                ms(t2, t3),
+                mode_name(self.mode)
+            ),
+        );
+        Ok(())
+    }
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Eager => "eager",
+        Mode::Graph => "graph",
+    }
+}
+
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or directory".into(),
+        std::io::ErrorKind::InvalidData => "the file is not valid UTF-8".into(),
+        _ => e.to_string().to_lowercase(),
+    }
+}
+
+/// The first word of an input (a keyword or a name).
+fn first_word(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The type of a value as the language writes it: `f64[]`, `(f32[3], i64[])`,
+/// `{w: f32[4, 3], b: f32[3]}`.
+fn value_type(v: &Value) -> String {
+    match v {
+        Value::Tuple(items) => {
+            let parts: Vec<String> = items.iter().map(value_type).collect();
+            if parts.len() == 1 {
+                format!("({},)", parts[0])
+            } else {
+                format!("({})", parts.join(", "))
+            }
+        }
+        Value::Record(r) => {
+            let parts: Vec<String> = r
+                .fields
+                .iter()
+                .map(|(n, v)| format!("{n}: {}", value_type(v)))
+                .collect();
+            format!("{{{}}}", parts.join(", "))
+        }
+        other => other.kind(),
+    }
+}
+
+fn print_value(v: &Value, out: &mut dyn Write) {
+    if !v.is_unit() {
+        write_out(out, &format!("{v}\n"));
+    }
+}
+
+fn write_out(out: &mut dyn Write, s: &str) {
+    let _ = out.write_all(s.as_bytes());
+}
+
+/// Splits `a, [1.0, 2.0], f(x, y)` at the commas outside brackets; with no
+/// such comma, at the spaces outside brackets (`:grad f 1.2 3`).
+fn split_args(s: &str) -> Vec<String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Vec::new();
+    }
+    let split_on = |sep: fn(char) -> bool| -> Vec<String> {
+        let mut parts = Vec::new();
+        let mut depth = 0i32;
+        let mut cur = String::new();
+        let mut in_str = false;
+        let mut escaped = false;
+        for c in s.chars() {
+            if in_str {
+                cur.push(c);
+                if escaped {
+                    escaped = false;
+                } else if c == '\\' {
+                    escaped = true;
+                } else if c == '"' {
+                    in_str = false;
+                }
+                continue;
+            }
+            match c {
+                '"' => in_str = true,
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 && sep(c) {
+                if !cur.trim().is_empty() {
+                    parts.push(cur.trim().to_string());
+                }
+                cur.clear();
+            } else {
+                cur.push(c);
+            }
+        }
+        if !cur.trim().is_empty() {
+            parts.push(cur.trim().to_string());
+        }
+        parts
+    };
+    let by_comma = split_on(|c| c == ',');
+    if by_comma.len() > 1 {
+        by_comma
+    } else {
+        split_on(char::is_whitespace)
+    }
+}
+
+/// Whether `text` needs more lines: a bracket, a string or a block comment
+/// is still open.
+pub fn is_incomplete(text: &str) -> bool {
+    let mut depth = 0i64;
+    let mut chars = text.chars().peekable();
+    let mut comment = 0usize;
+    while let Some(c) = chars.next() {
+        if comment > 0 {
+            match (c, chars.peek()) {
+                ('*', Some('/')) => {
+                    chars.next();
+                    comment -= 1;
+                }
+                ('/', Some('*')) => {
+                    chars.next();
+                    comment += 1;
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                comment = 1;
+            }
+            '"' => {
+                let mut closed = false;
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => {
+                            closed = true;
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                if !closed {
+                    return true;
+                }
+            }
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    comment > 0 || depth > 0
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Where history is kept: `$ADJOINT_HISTORY`, else `adjoint/history` in
+/// the user's data directory (`$XDG_DATA_HOME`, else `~/.local/share`).
+fn history_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ADJOINT_HISTORY") {
+        return (!p.is_empty()).then(|| PathBuf::from(p));
+    }
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| PathBuf::from(h).join(".local").join("share"))
+        })?;
+    Some(data.join("adjoint").join("history"))
+}
+
+/// A source of input lines.
+trait Lines {
+    /// The next line (without its newline); `None` at the end of the input.
+    /// `Some(Err(()))` when the user interrupted the current input.
+    fn line(&mut self, prompt: &str) -> Option<Result<String, ()>>;
+    /// Records a complete input in the history.
+    fn remember(&mut self, _input: &str) {}
+}
+
+/// Lines from a pipe or a file: no prompt, no editing, no history.
+struct Piped<R: BufRead>(R);
+
+impl<R: BufRead> Lines for Piped<R> {
+    fn line(&mut self, _prompt: &str) -> Option<Result<String, ()>> {
+        let mut s = String::new();
+        match self.0.read_line(&mut s) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => {
+                if s.ends_with('\n') {
+                    s.pop();
+                    if s.ends_with('\r') {
+                        s.pop();
+                    }
+                }
+                Some(Ok(s))
+            }
+        }
+    }
+}
+
+/// Lines from a terminal, with rustyline's editing and history.
+struct Terminal {
+    editor: rustyline::DefaultEditor,
+    history: Option<PathBuf>,
+}
+
+impl Terminal {
+    fn new() -> Option<Terminal> {
+        let mut editor = rustyline::DefaultEditor::new().ok()?;
+        let history = history_path();
+        if let Some(p) = &history {
+            let _ = editor.load_history(p);
+        }
+        Some(Terminal { editor, history })
+    }
+}
+
+impl Lines for Terminal {
+    fn line(&mut self, prompt: &str) -> Option<Result<String, ()>> {
+        use rustyline::error::ReadlineError;
+        match self.editor.readline(prompt) {
+            Ok(s) => Some(Ok(s)),
+            Err(ReadlineError::Interrupted) => Some(Err(())),
+            Err(_) => None,
+        }
+    }
+
+    fn remember(&mut self, input: &str) {
+        let _ = self.editor.add_history_entry(input);
+        if let Some(p) = &self.history {
+            if let Some(dir) = p.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let _ = self.editor.save_history(p);
+        }
+    }
+}
+
+/// Runs the REPL on standard input until `:quit` or the end of the input.
+pub fn run(mode: Mode) -> std::process::ExitCode {
+    // A panic is a compiler bug: record its message for the report; the
+    // input loop reports it and goes on.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = panic_message(info.payload());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{msg}{at}"));
+    }));
+    let interactive = std::io::stdin().is_terminal();
+    let mut lines: Box<dyn Lines> = match interactive.then(Terminal::new).flatten() {
+        Some(t) => {
+            println!(
+                "Adjoint REPL ({} mode). :help for help, :quit to leave.",
+                mode_name(mode)
+            );
+            Box::new(t)
+        }
+        None => Box::new(Piped(std::io::stdin().lock())),
+    };
+    let mut repl = Repl::new(mode);
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    'inputs: loop {
+        let mut input = String::new();
+        loop {
+            let prompt = if input.is_empty() {
+                "adjoint> "
+            } else {
+                "     ... "
+            };
+            match lines.line(prompt) {
+                None => {
+                    if !input.trim().is_empty() {
+                        repl.handle(&input, &mut stdout.lock(), &mut stderr.lock());
+                    }
+                    break 'inputs;
+                }
+                Some(Err(())) => continue 'inputs,
+                Some(Ok(l)) => {
+                    if !input.is_empty() {
+                        input.push('\n');
+                    }
+                    input.push_str(&l);
+                }
+            }
+            if !is_incomplete(&input) {
+                break;
+            }
+        }
+        if input.trim().is_empty() {
+            continue;
+        }
+        lines.remember(&input);
+        if repl.handle(&input, &mut stdout.lock(), &mut stderr.lock()) == Flow::Quit {
+            break;
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn brackets_strings_and_comments_decide_continuation() {
+        assert!(is_incomplete("fn f(x) {"));
+        assert!(is_incomplete("[1.0,\n 2.0"));
+        assert!(!is_incomplete("fn f(x) { x }"));
+        assert!(!is_incomplete("print(\"(\")"));
+        assert!(is_incomplete("print(\"a"));
+        assert!(!is_incomplete("f(x) // (unclosed in a comment"));
+        assert!(is_incomplete("f(x) /* still /* nested */ open"));
+        assert!(!is_incomplete("f(x) /* a ( */"));
+        assert!(!is_incomplete(")"));
+    }
+
+    #[test]
+    fn arguments_split_at_top_level_commas_or_spaces() {
+        assert_eq!(split_args("1.2"), vec!["1.2"]);
+        assert_eq!(split_args("1.2 3"), vec!["1.2", "3"]);
+        assert_eq!(split_args("[1.0, 2.0], 3"), vec!["[1.0, 2.0]", "3"]);
+        assert_eq!(split_args("[1.0, 2.0] 3"), vec!["[1.0, 2.0]", "3"]);
+        assert_eq!(split_args("f(1, 2)"), vec!["f(1, 2)"]);
+        assert!(split_args("  ").is_empty());
+    }
+
+    fn session(inputs: &[&str]) -> (String, String) {
+        let mut r = Repl::new(Mode::Graph);
+        r.color = false;
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        for i in inputs {
+            r.handle(i, &mut out, &mut err);
+        }
+        (
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
+    }
+
+    #[test]
+    fn definitions_accumulate_and_redefinition_replaces() {
+        let (out, err) = session(&[
+            "fn f(x) = x * x",
+            "fn g(x) = f(x) + 1.0",
+            "g(3.0)",
+            "fn f(x) = x * x * x",
+            "g(2.0)",
+        ]);
+        assert_eq!(out, "10.0\n9.0\n", "stderr: {err}");
+        assert_eq!(err, "");
+    }
+
+    #[test]
+    fn a_bad_definition_is_rejected_and_the_old_one_kept() {
+        let (out, err) = session(&["fn f(x) = x * 2.0", "fn f(x) = x * nope", "f(4.0)"]);
+        assert_eq!(out, "8.0\n");
+        assert!(err.contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn let_bindings_are_visible_to_later_inputs() {
+        let (out, err) = session(&["let a = 2.0", "let b = a * 3.0", "b + a", "let c = oops"]);
+        assert_eq!(out, "8.0\n", "{err}");
+        assert!(err.contains("oops"), "{err}");
+        let (out, _) = session(&["let (p, q) = (1.0, 2.0);", "p - q"]);
+        assert_eq!(out, "-1.0\n");
+        let (_, err) = session(&["let (w, b) = (2.0, 1.0)", "fn f(x) = w * x"]);
+        assert!(err.contains("unknown name `w`"), "{err}");
+        assert!(err.contains("not inside `fn` definitions"), "{err}");
+    }
+
+    #[test]
+    fn grad_command_prints_signature_and_value() {
+        let (out, err) = session(&[
+            "fn f(x) = sin(x) * x",
+            ":grad f",
+            ":grad f 1.2",
+            "fn h(x: f64, n: i64) = x ** n",
+            ":grad h",
+            ":grad h 2.0 3",
+        ]);
+        let x = 1.2f64;
+        let g = x.sin() + x * x.cos();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "grad(f) : (x) -> the type of x", "{out}{err}");
+        assert_eq!(lines[1], "grad(f) : (x: f64[]) -> f64[]");
+        assert_eq!(lines[2].parse::<f64>().unwrap(), g);
+        assert_eq!(lines[3], "grad(h) : (x: f64, n: i64) -> f64");
+        assert_eq!(lines[4], "grad(h) : (x: f64[], n: i64[]) -> f64[]");
+        assert_eq!(lines[5], "12.0");
+        assert_eq!(err, "");
+    }
+
+    #[test]
+    fn commands_report_misuse() {
+        let (out, err) = session(&[":nope", ":mode fast", ":grad", ":type", ":mode"]);
+        assert_eq!(out, "graph\n");
+        assert!(err.contains("unknown command `:nope`"), "{err}");
+        assert!(err.contains("unknown mode `fast`"), "{err}");
+        assert!(err.contains("`:grad` needs"), "{err}");
+        assert!(err.contains("`:type` needs"), "{err}");
+    }
+
+    #[test]
+    fn type_is_inferred_without_running() {
+        let (out, err) = session(&["fn f(x) = (x, [x, x])", ":type f(1.5)", ":type print(1.0)"]);
+        assert_eq!(out, "(f64[], f64[2])\n()\n", "{err}");
+    }
+}
