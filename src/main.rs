@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use adjoint::{Mode, Session, SessionError, Value};
 
 mod driver;
+mod host;
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +51,10 @@ enum Command {
         /// differentiated, one primitive at a time (for debugging).
         #[arg(long, value_enum, default_value = "graph")]
         mode: ModeArg,
+        /// Where `plot(..)` draws: a PNG file. Without it, `plot` draws
+        /// nothing.
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
     },
     /// Parse, lower and type-check a program without running it.
     Check { file: PathBuf },
@@ -109,12 +114,17 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> ExitCode {
     let color = std::io::stderr().is_terminal();
     let result = match cli.command {
-        Command::Run { file, mode } => {
+        Command::Run { file, mode, plot } => {
             let mode = match mode {
                 ModeArg::Eager => Mode::Eager,
                 ModeArg::Graph => Mode::Graph,
             };
-            run_file(&file, mode)
+            // Progress bars (on a terminal) and plots.
+            adjoint_runtime::host::set_host(Some(Box::new(host::CliHost::new(plot))));
+            let r = run_file(&file, mode);
+            // Dropping the host closes bars left open by an early return.
+            adjoint_runtime::host::set_host(None);
+            r
         }
         Command::Check { file } => Session::new(Mode::Eager)
             .load_file(&file)

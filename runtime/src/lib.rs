@@ -13,7 +13,8 @@
 //! - [`kernels`]: one reference kernel per primitive, by name
 //!   ([`kernels::lookup`]);
 //! - [`value`]: run-time values; [`error`]: [`RtError`];
-//! - [`vm`]: the virtual machine; [`memory`]: allocator settings.
+//! - [`vm`]: the virtual machine; [`memory`]: allocator settings;
+//! - [`host`]: hooks the host program provides for progress bars and plots.
 //!
 //! Calling a kernel directly:
 //!
@@ -47,6 +48,7 @@
 pub mod dtype;
 pub mod error;
 pub mod format;
+pub mod host;
 pub mod kernels;
 pub mod memory;
 pub mod shape;
