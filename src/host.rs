@@ -78,9 +78,9 @@ impl Host for CliHost {
         }
     }
 
-    fn plot(&mut self, _title: &str, ys: &[f64], columns: usize) -> Result<(), String> {
+    fn plot(&mut self, title: &str, ys: &[f64], columns: usize) -> Result<(), String> {
         match &self.plot {
-            Some(path) => draw_png(path, ys, columns)
+            Some(path) => draw_png(path, title, ys, columns)
                 .map_err(|e| format!("cannot write \"{}\": {e}", path.display())),
             None => Ok(()),
         }
@@ -101,10 +101,44 @@ impl Drop for CliHost {
     }
 }
 
+/// Fonts looked for to label plots (DejaVu and Liberation ship with most
+/// Linux distributions); without one, plots are drawn without text.
+const FONTS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/liberation-sans/LiberationSans-Regular.ttf",
+    "/Library/Fonts/Arial.ttf",
+    "/System/Library/Fonts/Supplemental/Arial.ttf",
+    "C:\\Windows\\Fonts\\arial.ttf",
+];
+
+/// Registers the first font of [`FONTS`] that loads as plotters'
+/// "sans-serif" (once per process); whether there is one.
+fn have_font() -> bool {
+    static FOUND: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FOUND.get_or_init(|| {
+        FONTS.iter().any(|path| match std::fs::read(path) {
+            Ok(bytes) => {
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                plotters::style::register_font(
+                    "sans-serif",
+                    plotters::style::FontStyle::Normal,
+                    bytes,
+                )
+                .is_ok()
+            }
+            Err(_) => false,
+        })
+    })
+}
+
 /// Draws one line per column of the row-major `ys` against the row index:
-/// 800 x 500 pixels, white background, a frame and light grid lines, no
-/// text.
-fn draw_png(path: &std::path::Path, ys: &[f64], columns: usize) -> Result<(), String> {
+/// 800 x 500 pixels, white background, grid lines; with a system font
+/// (see [`FONTS`]) the title above and numbered axes, without one a frame
+/// and no text.
+fn draw_png(path: &std::path::Path, title: &str, ys: &[f64], columns: usize) -> Result<(), String> {
     use plotters::prelude::*;
     let columns = columns.max(1);
     let rows = ys.len() / columns;
@@ -123,25 +157,45 @@ fn draw_png(path: &std::path::Path, ys: &[f64], columns: usize) -> Result<(), St
     let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| e.to_string();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let area = root.margin(20, 20, 20, 20);
-    let mut chart = ChartBuilder::on(&area)
-        .build_cartesian_2d(0.0..x_max, lo..hi)
-        .map_err(|e| err(&e))?;
     let grid = RGBColor(220, 220, 220);
-    for k in 1..10 {
-        let x = x_max * k as f64 / 10.0;
-        let y = lo + (hi - lo) * k as f64 / 10.0;
+    let text = have_font();
+    let mut chart = if text {
+        let mut b = ChartBuilder::on(&root);
+        b.margin(15).x_label_area_size(35).y_label_area_size(70);
+        if !title.is_empty() {
+            b.caption(title, ("sans-serif", 24));
+        }
+        b.build_cartesian_2d(0.0..x_max, lo..hi)
+            .map_err(|e| err(&e))?
+    } else {
+        ChartBuilder::on(&root.margin(20, 20, 20, 20))
+            .build_cartesian_2d(0.0..x_max, lo..hi)
+            .map_err(|e| err(&e))?
+    };
+    if text {
         chart
-            .draw_series(LineSeries::new([(x, lo), (x, hi)], grid))
+            .configure_mesh()
+            .light_line_style(grid)
+            .bold_line_style(grid)
+            .label_style(("sans-serif", 15))
+            .draw()
             .map_err(|e| err(&e))?;
+    } else {
+        for k in 1..10 {
+            let x = x_max * k as f64 / 10.0;
+            let y = lo + (hi - lo) * k as f64 / 10.0;
+            chart
+                .draw_series(LineSeries::new([(x, lo), (x, hi)], grid))
+                .map_err(|e| err(&e))?;
+            chart
+                .draw_series(LineSeries::new([(0.0, y), (x_max, y)], grid))
+                .map_err(|e| err(&e))?;
+        }
+        let frame = [(0.0, lo), (x_max, lo), (x_max, hi), (0.0, hi), (0.0, lo)];
         chart
-            .draw_series(LineSeries::new([(0.0, y), (x_max, y)], grid))
+            .draw_series(LineSeries::new(frame, BLACK))
             .map_err(|e| err(&e))?;
     }
-    let frame = [(0.0, lo), (x_max, lo), (x_max, hi), (0.0, hi), (0.0, lo)];
-    chart
-        .draw_series(LineSeries::new(frame, BLACK))
-        .map_err(|e| err(&e))?;
     let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
     for c in 0..columns {
         let points: Vec<(f64, f64)> = (0..rows)
