@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use adjoint::{Mode, Session, SessionError, Value};
 
 mod driver;
+mod host;
 mod repl;
 
 #[derive(Parser)]
@@ -55,6 +56,10 @@ enum Command {
         /// to stderr after the run.
         #[arg(long)]
         stats: bool,
+        /// Where `plot(..)` draws: a PNG file. Without it, `plot` draws
+        /// nothing.
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
     },
     /// Parse, lower and type-check a program without running it.
     Check { file: PathBuf },
@@ -131,12 +136,22 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> ExitCode {
     let color = std::io::stderr().is_terminal();
     let result = match cli.command {
-        Command::Run { file, mode, stats } => {
+        Command::Run {
+            file,
+            mode,
+            stats,
+            plot,
+        } => {
             let mode = match mode {
                 ModeArg::Eager => Mode::Eager,
                 ModeArg::Graph => Mode::Graph,
             };
-            run_file(&file, mode, stats)
+            // Progress bars (on a terminal) and plots.
+            adjoint_runtime::host::set_host(Some(Box::new(host::CliHost::new(plot))));
+            let r = run_file(&file, mode, stats);
+            // Dropping the host closes bars left open by an early return.
+            adjoint_runtime::host::set_host(None);
+            r
         }
         Command::Repl { .. } => Ok(()),
         Command::Check { file } => Session::new(Mode::Eager)

@@ -260,6 +260,18 @@ prims! {
     SaveNpy = "save_npy", Io, &[req("io"), req("path"), req("x")], false, false;
     SaveSafetensors = "save_safetensors", Io, &[req("io"), req("path"), req("record")], false, false;
     LoadSafetensors = "load_safetensors", Io, &[req("io"), req("path")], false, false;
+    // progress bars and plots, drawn by the host program (see
+    // `adjoint_runtime::host`); without one they do nothing
+    /// Starts a bar for the loop `for i in progress(lo..hi)` (lowering
+    /// inserts it, with `progress_step` and `progress_end`).
+    ProgressStart = "progress_start", Io, &[req("io"), req("lo"), req("hi")], false, false;
+    /// Iteration `i` of the innermost bar's loop begins.
+    ProgressStep = "progress_step", Io, &[req("io"), req("i")], false, false;
+    ProgressEnd = "progress_end", Io, IO, false, false;
+    /// `progress_note(a, b, ..)`: the message of the innermost bar.
+    ProgressNote = "progress_note", Io, IO, true, false;
+    SaveCsv = "save_csv", Io, &[req("io"), req("path"), req("x"), opt("header", Default::Unit)], false, false;
+    Plot = "plot", Io, &[req("io"), req("y"), opt("title", Default::Unit)], false, false;
 }
 
 impl Prim {

@@ -15,7 +15,8 @@
 //! - [`value`]: run-time values; [`error`]: [`RtError`];
 //! - [`vm`]: the virtual machine; [`memory`]: allocator settings;
 //!   [`dynamic`]: the hook through which the compiler differentiates
-//!   function values at run time.
+//!   function values at run time;
+//! - [`host`]: hooks the host program provides for progress bars and plots.
 //!
 //! Calling a kernel directly:
 //!
@@ -50,6 +51,7 @@ pub mod dtype;
 pub mod dynamic;
 pub mod error;
 pub mod format;
+pub mod host;
 pub mod kernels;
 pub mod memory;
 pub mod shape;

@@ -470,17 +470,61 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             io_token(op, &args[0])?;
             path_arg(op, &args[1])?;
             match &args[2] {
-                AbsVal::Record(fields) => {
-                    for (_, v) in fields {
-                        if *v != AbsVal::Unknown {
-                            tensor(op, v)?;
-                        }
-                    }
+                AbsVal::Record(_) | AbsVal::Unknown => {
+                    saved_tree(op, &args[2])?;
                     Ok(AbsVal::Io)
                 }
-                AbsVal::Unknown => Ok(AbsVal::Io),
                 v => fail(format!("{op}: expected a record of tensors, got {v}")),
             }
+        }
+        Prim::ProgressStart => {
+            io_token(op, &args[0])?;
+            for (v, what) in [(&args[1], "start"), (&args[2], "end")] {
+                if *v != AbsVal::Unknown {
+                    int_scalar(op, what, v)?;
+                }
+            }
+            Ok(AbsVal::Io)
+        }
+        Prim::ProgressStep => {
+            io_token(op, &args[0])?;
+            if args[1] != AbsVal::Unknown {
+                int_scalar(op, "counter", &args[1])?;
+            }
+            Ok(AbsVal::Io)
+        }
+        Prim::ProgressEnd | Prim::ProgressNote => {
+            io_token(op, &args[0])?;
+            Ok(AbsVal::Io)
+        }
+        Prim::SaveCsv => {
+            io_token(op, &args[0])?;
+            path_arg(op, &args[1])?;
+            if args[2] != AbsVal::Unknown {
+                let t = tensor(op, &args[2])?;
+                if t.shape.len() > 2 {
+                    return fail(format!(
+                        "{op}: expected a tensor of one or two dimensions, got {}",
+                        t.ty()
+                    ));
+                }
+            }
+            optional_str(op, "the header", &args[3])?;
+            Ok(AbsVal::Io)
+        }
+        Prim::Plot => {
+            io_token(op, &args[0])?;
+            if args[1] != AbsVal::Unknown {
+                let t = tensor(op, &args[1])?;
+                if t.shape.len() > 2 || t.dtype == DType::Bool {
+                    return fail(format!(
+                        "{op}: expected numbers in one or two dimensions, got {}",
+                        t.ty()
+                    ));
+                }
+            }
+            optional_str(op, "the title", &args[2])?;
+            Ok(AbsVal::Io)
         }
     }
 }
@@ -703,6 +747,28 @@ fn path_arg(op: &str, v: &AbsVal) -> Result<(), RuleError> {
     match v {
         AbsVal::Str(_) | AbsVal::Unknown => Ok(()),
         _ => fail(format!("{op}: expected a string, got {v}")),
+    }
+}
+
+/// A tree of records and tuples with tensors at its leaves (what
+/// `save_safetensors` writes).
+fn saved_tree(op: &str, v: &AbsVal) -> Result<(), RuleError> {
+    match v {
+        AbsVal::Record(fields) => fields.iter().try_for_each(|(_, x)| saved_tree(op, x)),
+        AbsVal::Tuple(items) if !items.is_empty() => {
+            items.iter().try_for_each(|x| saved_tree(op, x))
+        }
+        AbsVal::Unknown => Ok(()),
+        v => tensor(op, v).map(|_| ()),
+    }
+}
+
+/// An omitted optional string (`()`) or a string.
+fn optional_str(op: &str, what: &str, v: &AbsVal) -> Result<(), RuleError> {
+    match v {
+        AbsVal::Str(_) | AbsVal::Unknown => Ok(()),
+        AbsVal::Tuple(items) if items.is_empty() => Ok(()),
+        _ => fail(format!("{op}: expected a string for {what}, got {v}")),
     }
 }
 

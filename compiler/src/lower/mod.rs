@@ -37,6 +37,7 @@ pub const STDLIB: &[(&str, &str)] = &[
     ("nn", include_str!("../../../stdlib/nn.adj")),
     ("bprop", include_str!("../../../stdlib/bprop.adj")),
     ("jvp", include_str!("../../../stdlib/jvp.adj")),
+    ("optim", include_str!("../../../stdlib/optim.adj")),
 ];
 
 /// Reads imported files (the root package provides one backed by the file
@@ -243,7 +244,10 @@ fn user_prim(name: &str) -> Option<Prim> {
         | Prim::Switch
         | Prim::AdLift
         | Prim::AdDyn
-        | Prim::AdHide => None,
+        | Prim::AdHide
+        | Prim::ProgressStart
+        | Prim::ProgressStep
+        | Prim::ProgressEnd => None,
         _ => Some(p),
     }
 }

@@ -414,6 +414,16 @@ impl Lowerer<'_> {
                 (lo, hi, Some(t))
             }
         };
+        // `progress(lo..hi)` in a function that performs IO tells the host
+        // when the loop starts, each iteration and the end (it draws a bar).
+        let progress = match (iter, cx.io) {
+            (ast::ForIter::Progress { .. }, Some(io)) => {
+                let tok = self.prim(cx, Prim::ProgressStart, &[cx.vals[&io], lo, hi], span);
+                cx.vals.insert(io, tok);
+                Some(io)
+            }
+            _ => None,
+        };
         let vars = self.carried(cx, &scan::assigned_in_block(body));
         let (after, mut acx, _) = self.join_graph(cx, "after", &[], &vars, span);
         let (header, mut hcx, extra) = self.join_graph(cx, "for", &["i"], &vars, span);
@@ -433,6 +443,10 @@ impl Lowerer<'_> {
             Some(t) => self.prim(&bcx, Prim::TupleGet, &[t, i], pattern.span),
             None => i,
         };
+        if let Some(io) = progress {
+            let tok = self.prim(&bcx, Prim::ProgressStep, &[bcx.vals[&io], i], pattern.span);
+            bcx.vals.insert(io, tok);
+        }
         let bound = self.bind_pattern(&mut bcx, pattern, elem, false);
         let cont = Cont::Jump {
             graph: header,
@@ -453,6 +467,10 @@ impl Lowerer<'_> {
         };
         let u = self.unit(span);
         self.finish(cx, u, &enter, span);
+        if let Some(io) = progress {
+            let tok = self.prim(&acx, Prim::ProgressEnd, &[acx.vals[&io]], span);
+            acx.vals.insert(io, tok);
+        }
         self.lower_stmts(module, &mut acx, rest, tail, end, k)?;
         Ok(None)
     }

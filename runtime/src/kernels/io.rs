@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::args::{arity, io, min_arity, string, tensor};
+use super::args::{arity, int, io, min_arity, string, tensor};
 use super::shape::transpose_tensor;
 use super::Ctx;
 use crate::error::RtError;
@@ -65,10 +65,164 @@ pub fn print(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
         line.push_str(&a.to_string());
     }
     line.push('\n');
-    ctx.stdout()
-        .write_all(line.as_bytes())
+    let mut write = || ctx.stdout().write_all(line.as_bytes());
+    // With a host, its progress bars are hidden while the line is written.
+    let mut result = None;
+    if crate::host::with_host(|h| h.suspend(&mut || result = Some(write()))).is_none() {
+        result = Some(write());
+    }
+    result
+        .unwrap_or(Ok(()))
         .map_err(|e| RtError::new(format!("print: cannot write: {}", describe(&e))))?;
     Ok(Value::Io)
+}
+
+/// `progress_start(io, lo, hi)`: a loop `for i in progress(lo..hi)` starts
+/// (the host draws a bar of `hi - lo` steps).
+pub fn progress_start(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "progress_start";
+    arity(op, args, 3)?;
+    io(op, &args[0])?;
+    let lo = int(op, &args[1], "the start")?;
+    let hi = int(op, &args[2], "the end")?;
+    let len = hi.saturating_sub(lo).max(0) as u64;
+    crate::host::with_host(|h| h.progress_start(len));
+    // The bar counts from `lo`: remember it for `progress_step`.
+    PROGRESS_LO.with(|s| s.borrow_mut().push(lo));
+    Ok(Value::Io)
+}
+
+thread_local! {
+    /// The start of each active progress loop, innermost last.
+    static PROGRESS_LO: std::cell::RefCell<Vec<i64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `progress_step(io, i)`: iteration `i` of the innermost progress loop
+/// begins, so `i - lo` iterations are complete.
+pub fn progress_step(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "progress_step";
+    arity(op, args, 2)?;
+    io(op, &args[0])?;
+    let i = int(op, &args[1], "the counter")?;
+    let lo = PROGRESS_LO
+        .with(|s| s.borrow().last().copied())
+        .unwrap_or(i);
+    let done = i.saturating_sub(lo).max(0) as u64;
+    crate::host::with_host(|h| h.progress_set(done));
+    Ok(Value::Io)
+}
+
+/// `progress_end(io)`: the innermost progress loop has ended.
+pub fn progress_end(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "progress_end";
+    arity(op, args, 1)?;
+    io(op, &args[0])?;
+    PROGRESS_LO.with(|s| s.borrow_mut().pop());
+    crate::host::with_host(|h| h.progress_end());
+    Ok(Value::Io)
+}
+
+/// `progress_note(io, a, b, ..)`: the arguments, formatted as `print`
+/// formats them, become the message of the innermost progress bar.
+pub fn progress_note(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "progress_note";
+    min_arity(op, args, 1)?;
+    io(op, &args[0])?;
+    let text = args[1..]
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    crate::host::with_host(|h| h.progress_note(&text));
+    Ok(Value::Io)
+}
+
+/// The rows of a CSV file for a tensor of one dimension (one column) or
+/// two (one row each), elements formatted as `print` formats them.
+fn csv_text(op: &str, t: &Tensor, header: Option<&str>) -> Result<String, RtError> {
+    let (rows, cols) = match t.shape() {
+        [n] => (*n, 1),
+        [n, k] => (*n, *k),
+        _ => {
+            return Err(RtError::new(format!(
+                "{op}: expected a tensor of one or two dimensions, got {}",
+                t.ty()
+            )))
+        }
+    };
+    let mut out = String::new();
+    if let Some(h) = header {
+        out.push_str(h);
+        out.push('\n');
+    }
+    struct Elem<'a, T: Element>(&'a T);
+    impl<T: Element> std::fmt::Display for Elem<'_, T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            self.0.write_elem(f)
+        }
+    }
+    let items: Vec<String> =
+        with_buffer!(t.buffer(), v => v.iter().map(|x| Elem(x).to_string()).collect());
+    for r in 0..rows {
+        out.push_str(&items[r * cols..(r + 1) * cols].join(","));
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// `save_csv(io, path, x, header)`: writes a tensor of one dimension (one
+/// value a line) or two (one row a line, values separated by commas), with
+/// the line `header` first when it is given. Returns `io`.
+pub fn save_csv(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "save_csv";
+    arity(op, args, 4)?;
+    io(op, &args[0])?;
+    let path = string(op, &args[1], "the path")?;
+    let t = tensor(op, &args[2], "x")?;
+    let header = if args[3].is_unit() {
+        None
+    } else {
+        Some(string(op, &args[3], "the header")?)
+    };
+    let text = csv_text(op, t, header)?;
+    std::fs::write(path, text).map_err(|e| write_err(path, describe(&e)))?;
+    Ok(Value::Io)
+}
+
+/// `plot(io, y, title)`: hands a curve (a 1-d tensor) or curves (the
+/// columns of a 2-d tensor) to the host, which draws them when the
+/// program was asked to (`adjoint run --plot FILE`). Returns `io`.
+pub fn plot(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "plot";
+    arity(op, args, 3)?;
+    io(op, &args[0])?;
+    let t = tensor(op, &args[1], "y")?;
+    let title = if args[2].is_unit() {
+        ""
+    } else {
+        string(op, &args[2], "the title")?
+    };
+    let cols = match t.shape() {
+        [_] => 1,
+        [_, k] => *k,
+        _ => {
+            return Err(RtError::new(format!(
+                "{op}: expected a tensor of one or two dimensions, got {}",
+                t.ty()
+            )))
+        }
+    };
+    if t.dtype() == DType::Bool {
+        return Err(RtError::new(format!(
+            "{op}: expected numbers, got {}",
+            t.ty()
+        )));
+    }
+    let ys = t.as_f64_vec();
+    match crate::host::with_host(|h| h.plot(title, &ys, cols)) {
+        Some(Err(e)) => Err(RtError::new(format!("{op}: {e}"))),
+        _ => Ok(Value::Io),
+    }
 }
 
 fn npy_vec<T: npyz::Deserialize>(
@@ -522,6 +676,104 @@ mod tests {
             "6 loss [[1.0, 2.5], [3.0, 4.0]] (true,)\n\n"
         );
         assert!(call_err("print", &[v(Tensor::scalar_i64(1))]).contains("io token"));
+    }
+
+    #[test]
+    fn csv_files() {
+        let path = tmp("c.csv");
+        let m = Tensor::from_vec(vec![1.0f32, -2.5, 3.0, 1e-9], &[2, 2]).unwrap();
+        call(
+            "save_csv",
+            &[
+                Value::Io,
+                Value::str(path.as_str()),
+                v(m),
+                Value::str("a,b"),
+            ],
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "a,b\n1.0,-2.5\n3.0,1e-9\n"
+        );
+        let col = Tensor::vector(vec![3i64, 4]);
+        call(
+            "save_csv",
+            &[Value::Io, Value::str(path.as_str()), v(col), Value::unit()],
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "3\n4\n");
+        let cube = Tensor::zeros(DType::F32, &[1, 1, 1]).unwrap();
+        let e = call_err(
+            "save_csv",
+            &[Value::Io, Value::str(path.as_str()), v(cube), Value::unit()],
+        );
+        assert!(e.contains("one or two dimensions"), "{e}");
+        let e = call_err(
+            "save_csv",
+            &[
+                Value::Io,
+                Value::str("/nonexistent-dir/x.csv"),
+                v(Tensor::vector(vec![1.0f32])),
+                Value::unit(),
+            ],
+        );
+        assert!(e.contains("cannot write \"/nonexistent-dir/x.csv\""), "{e}");
+    }
+
+    /// Progress loops, notes and plots reach the installed host, in order;
+    /// without a host they do nothing.
+    #[test]
+    fn host_hooks() {
+        use std::sync::{Arc, Mutex};
+        struct Rec(Arc<Mutex<Vec<String>>>);
+        impl crate::host::Host for Rec {
+            fn progress_start(&mut self, len: u64) {
+                self.0.lock().unwrap().push(format!("start {len}"));
+            }
+            fn progress_set(&mut self, done: u64) {
+                self.0.lock().unwrap().push(format!("set {done}"));
+            }
+            fn progress_note(&mut self, m: &str) {
+                self.0.lock().unwrap().push(format!("note {m}"));
+            }
+            fn progress_end(&mut self) {
+                self.0.lock().unwrap().push("end".into());
+            }
+            fn plot(&mut self, title: &str, ys: &[f64], cols: usize) -> Result<(), String> {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(format!("plot {title} {ys:?} {cols}"));
+                Err("no room".into())
+            }
+        }
+        let i = |x: i64| v(Tensor::scalar_i64(x));
+        let y = || v(Tensor::vector(vec![2.0f32, 1.0]));
+        // No host: nothing happens, nothing fails.
+        call("progress_start", &[Value::Io, i(3), i(5)]);
+        call("plot", &[Value::Io, y(), Value::unit()]);
+        call("progress_end", &[Value::Io]);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        crate::host::set_host(Some(Box::new(Rec(log.clone()))));
+        call("progress_start", &[Value::Io, i(3), i(5)]);
+        call("progress_step", &[Value::Io, i(4)]);
+        call(
+            "progress_note",
+            &[Value::Io, Value::str("loss"), v(Tensor::scalar_f32(0.5))],
+        );
+        call("progress_end", &[Value::Io]);
+        let e = call_err("plot", &[Value::Io, y(), Value::str("t")]);
+        crate::host::set_host(None);
+        assert_eq!(e, "plot: no room");
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "start 2",
+                "set 1",
+                "note loss 0.5",
+                "end",
+                "plot t [2.0, 1.0] 1"
+            ]
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@
 //! | trees | `tree_map(f, t, ..)`, `tree_sum(t)`, `tree_gadd(t)` |
 //! | structure | `make_tuple(..)`, `tuple_get(t, i)`, `make_record(name0, v0, ..)`, `record_get(r, name)`, `tensor_literal(e0, ..)` |
 //! | differentiation | `stop_gradient(x)`, `mT(x)`, `zero()`, `is_zero(x)`, `gadd(x, y)`, `env_setitem(env, key, v)`, `env_getitem(env, key)`, `grad_finalize(d, x)`, `sum_to(x, like)`, `extremum_mask(x, axis, is_min)`, `transpose_grad(d, perm)`, `split_like(d, xs, axis)`, `unstack(d, axis)`, `take_grad(x, idx, axis, d)`, `index_grad(x, d, c0, ..)`, `tuple_grad(t, i, d)`, `record_grad(r, name, d)`, `tree_fill(t, d)` |
-//! | IO | `print(io, ..)`, `load_npy(io, path)`, `save_npy(io, path, x)`, `save_safetensors(io, path, record)`, `load_safetensors(io, path)` |
+//! | IO | `print(io, ..)`, `load_npy(io, path)`, `save_npy(io, path, x)`, `save_safetensors(io, path, record)`, `load_safetensors(io, path)`, `save_csv(io, path, x, header)`, `plot(io, y, title)`, `progress_start(io, lo, hi)`, `progress_step(io, i)`, `progress_end(io)`, `progress_note(io, ..)` |
 
 use std::io::Write;
 
@@ -248,6 +248,12 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("save_npy", io::save_npy),
     ("save_safetensors", io::save_safetensors),
     ("load_safetensors", io::load_safetensors),
+    ("progress_start", io::progress_start),
+    ("progress_step", io::progress_step),
+    ("progress_end", io::progress_end),
+    ("progress_note", io::progress_note),
+    ("save_csv", io::save_csv),
+    ("plot", io::plot),
 ];
 
 /// The kernel of the primitive `name`.
