@@ -13,6 +13,8 @@ use adjoint_lang::{render, Diagnostic, SourceMap};
 
 pub use adjoint_runtime::value::Value;
 
+pub mod aot;
+
 /// How programs run: one primitive at a time on the IR as differentiated
 /// (eager, for debugging), or through the optimiser (graph, the default).
 pub use adjoint_compiler::pipeline::Mode;
