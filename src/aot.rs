@@ -30,9 +30,11 @@ pub struct BuildOptions {
     pub file: PathBuf,
     /// The function to export.
     pub entry: String,
-    /// Also export `ENTRY_grad`, its gradient with respect to every
-    /// parameter.
+    /// Also export `ENTRY_grad`, its gradient.
     pub with_grad: bool,
+    /// The parameters the gradient is taken with respect to (default:
+    /// all).
+    pub wrt: Option<Vec<String>>,
     /// The library to write: an object file when the name ends in `.o`,
     /// else a shared library.
     pub output: PathBuf,
@@ -95,6 +97,31 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
             "`{entry}` takes no arguments: --with-grad has nothing to differentiate"
         )));
     }
+    let wrt: Vec<usize> = match &opts.wrt {
+        None => (0..params.len()).collect(),
+        Some(names) => {
+            if !opts.with_grad {
+                return Err(fail("--wrt needs --with-grad"));
+            }
+            let mut ks = Vec::new();
+            for n in names {
+                match params.iter().position(|p| p == n) {
+                    Some(k) if !ks.contains(&k) => ks.push(k),
+                    Some(_) => return Err(fail(format!("--wrt names `{n}` twice"))),
+                    None => {
+                        return Err(fail(format!(
+                            "`{entry}` has no parameter `{n}` (its parameters: {})",
+                            params.join(", ")
+                        )))
+                    }
+                }
+            }
+            if ks.is_empty() {
+                return Err(fail("--wrt names no parameter"));
+            }
+            ks
+        }
+    };
     let is_object = opts.output.extension().is_some_and(|e| e == "o");
     let runtime = if is_object {
         None
@@ -106,7 +133,7 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
     let grad_name = format!("{entry}_grad");
     let extra = if opts.with_grad {
         let args: Vec<String> = (0..params.len()).map(|i| format!("a{i}")).collect();
-        let argnums: Vec<String> = (0..params.len()).map(|i| i.to_string()).collect();
+        let argnums: Vec<String> = wrt.iter().map(|i| i.to_string()).collect();
         format!(
             "fn {GRAD_DRIVER}({a}) = grad({entry}, argnums = ({n},))({a})\n",
             a = args.join(", "),
@@ -144,7 +171,7 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
         entries.push(Entry {
             name: grad_name.clone(),
             graph: d,
-            grad_of: Some(0),
+            grad_of: Some((0, wrt.clone())),
         });
     }
     let blob = with_stack(|| adjoint_compiler::aot::blob_text(program, &entries)).map_err(fail)?;
@@ -161,7 +188,7 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
         &opts.file,
         entry,
         &params,
-        opts.with_grad.then_some(&grad_name),
+        opts.with_grad.then_some((&grad_name, &wrt[..])),
     );
     write(&header_path, header.as_bytes())?;
     match runtime {
@@ -265,7 +292,12 @@ fn link(
 }
 
 /// The C header of a library.
-fn header_text(file: &Path, entry: &str, params: &[String], grad: Option<&String>) -> String {
+fn header_text(
+    file: &Path,
+    entry: &str,
+    params: &[String],
+    grad: Option<(&String, &[usize])>,
+) -> String {
     let guard = format!("ADJOINT_{}_H", entry.to_ascii_uppercase());
     let plist = params.join(", ");
     let inputs: String = params
@@ -324,24 +356,28 @@ int {entry}(const adj_tensor *in, size_t n_in, adj_tensor *out, size_t n_out);
         file = file.display().to_string().replace("*/", "* /"),
         n = params.len(),
     );
-    if let Some(g) = grad {
-        let outs: String = params
+    if let Some((g, wrt)) = grad {
+        let outs: String = wrt
             .iter()
             .enumerate()
-            .map(|(i, p)| {
+            .map(|(i, k)| {
+                let p = &params[*k];
                 format!(" *     out[{i}] = d {entry} / d {p} (the dtype and shape of {p})\n")
             })
             .collect();
+        let wrt_names: Vec<&str> = wrt.iter().map(|k| params[*k].as_str()).collect();
         h.push_str(&format!(
             r#"
 /* {g}({plist}): the gradient of {entry} (which must return a float
- * scalar) with respect to every parameter.
+ * scalar) with respect to {wrt_list}.
  *   n_in = {n}:
-{inputs} *   n_out = {n}:
+{inputs} *   n_out = {nw}:
 {outs} */
 int {g}(const adj_tensor *in, size_t n_in, adj_tensor *out, size_t n_out);
 "#,
             n = params.len(),
+            nw = wrt.len(),
+            wrt_list = wrt_names.join(", "),
         ));
     }
     h.push_str(&format!(

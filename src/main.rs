@@ -93,6 +93,10 @@ enum Command {
         /// parameter.
         #[arg(long)]
         with_grad: bool,
+        /// The parameters of F to differentiate with respect to, by name
+        /// (default: all of them).
+        #[arg(long, value_name = "NAMES", value_delimiter = ',', num_args = 1..)]
+        wrt: Option<Vec<String>>,
         /// The library to write: `libF.so` (a shared library) or `F.o` (an
         /// object file to link with libadjoint_capi.a yourself).
         #[arg(short = 'o', long = "output", value_name = "OUT")]
@@ -151,6 +155,7 @@ fn run(cli: Cli) -> ExitCode {
             file,
             entry,
             with_grad,
+            wrt,
             output,
             header,
             runtime,
@@ -159,6 +164,7 @@ fn run(cli: Cli) -> ExitCode {
                 file,
                 entry,
                 with_grad,
+                wrt,
                 output,
                 header,
                 runtime,

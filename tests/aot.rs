@@ -512,3 +512,191 @@ fn build_errors_are_diagnostics() {
     assert_eq!(&bytes[..4], b"\x7fELF", "an ELF object");
     assert!(d.path("f.h").is_file());
 }
+
+const LOOP_MAIN: &str = r#"
+#include <stdio.h>
+#include "loss.h"
+
+int main(void) {
+    double w[4] = {0.1, 0.2, 0.3, -0.4}, x[2] = {1.0, 2.0};
+    int64_t n = 3;
+    int64_t ws[2] = {2, 2}, xs[2] = {1, 2};
+    adj_tensor in[3] = {{w, ws, 2, ADJ_F64}, {x, xs, 2, ADJ_F64}, {&n, NULL, 0, ADJ_I64}};
+    double v, gw[4], gx[2];
+    adj_tensor out[1] = {{&v, NULL, 0, ADJ_F64}};
+    adj_tensor grads[2] = {{gw, ws, 2, ADJ_F64}, {gx, xs, 2, ADJ_F64}};
+    if (loss(in, 3, out, 1) || loss_grad(in, 3, grads, 2)) {
+        printf("error: %s\n", adjoint_last_error());
+        return 1;
+    }
+    printf("value: %.17g\n", v);
+    printf("gw: %.17g %.17g %.17g %.17g\n", gw[0], gw[1], gw[2], gw[3]);
+    printf("gx: %.17g %.17g\n", gx[0], gx[1]);
+    /* Another trip count: the same compiled code, another result. */
+    n = 5;
+    if (loss(in, 3, out, 1)) { printf("error: %s\n", adjoint_last_error()); return 1; }
+    printf("value5: %.17g\n", v);
+    /* The gradient with respect to an int tensor is refused. */
+    int64_t xi[2] = {1, 2};
+    adj_tensor in_int[3] = {{w, ws, 2, ADJ_F64}, {xi, xs, 2, ADJ_I64}, {&n, NULL, 0, ADJ_I64}};
+    int rc = loss_grad(in_int, 3, grads, 2);
+    printf("int x: %d %s\n", rc, adjoint_last_error());
+    return 0;
+}
+"#;
+
+/// A loop with a data-dependent trip count (recursive graphs in the IR),
+/// an int parameter, and the gradient with respect to two of three
+/// parameters (`--wrt`).
+#[test]
+fn loop_int_parameter_and_wrt() {
+    if !have_cc("loop_int_parameter_and_wrt") {
+        return;
+    }
+    let rt = runtime_lib();
+    let d = Dir::new("loop");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tanh_loss.adj");
+    let lib = d.path("libloss.so");
+    ok(
+        &adjoint(&[
+            "build",
+            example,
+            "--entry",
+            "loss",
+            "--with-grad",
+            "--wrt",
+            "w,x",
+            "-o",
+            lib.to_str().unwrap(),
+            "--runtime",
+            rt.to_str().unwrap(),
+        ]),
+        "adjoint build",
+    );
+    let header = std::fs::read_to_string(d.path("loss.h")).expect("loss.h");
+    assert!(header.contains("with respect to w, x."), "{header}");
+    assert!(header.contains("n_out = 2:"), "{header}");
+    let c = d.write("main.c", LOOP_MAIN);
+    let exe = d.path("main");
+    ok(
+        &run(Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&c)
+            .arg("-I")
+            .arg(&d.0)
+            .arg("-L")
+            .arg(&d.0)
+            .arg("-lloss")
+            .arg(format!("-Wl,-rpath,{}", d.0.display()))),
+        "cc",
+    );
+    let stdout = ok(&run(&mut Command::new(&exe)), "the C program");
+    let text = std::fs::read_to_string(example).expect("the example");
+    let src = format!(
+        r#"{text}
+fn reference() {{
+    print("");
+    let w = f64([[0.1, 0.2], [0.3, -0.4]]);
+    let x = f64([[1.0, 2.0]]);
+    (value_and_grad(loss, argnums = (0, 1))(w, x, 3), loss(w, x, 5))
+}}
+"#
+    );
+    let s = Session::new(Mode::Graph)
+        .load_source("loss.adj", &src)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = s
+        .run_function("reference", &mut std::io::sink())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let Value::Tuple(top) = &r else {
+        panic!("{r:?}")
+    };
+    let Value::Tuple(vg) = &top[0] else {
+        panic!("{r:?}")
+    };
+    let Value::Tuple(g) = &vg[1] else {
+        panic!("{r:?}")
+    };
+    close(&numbers(&stdout, "value"), &elems(&vg[0]), 1e-12, "value");
+    close(&numbers(&stdout, "gw"), &elems(&g[0]), 1e-12, "gw");
+    close(&numbers(&stdout, "gx"), &elems(&g[1]), 1e-12, "gx");
+    close(
+        &numbers(&stdout, "value5"),
+        &elems(&top[1]),
+        1e-12,
+        "value5",
+    );
+    let int_x = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("int x: "))
+        .expect("the int x line");
+    assert!(
+        int_x.starts_with("1 ")
+            && int_x.contains("in[1] is i64[1, 2], but the gradient is taken with respect to it"),
+        "{int_x}"
+    );
+}
+
+/// The gradient of a function that does not return a scalar is refused
+/// when called, with the reason; the function itself works.
+#[test]
+fn gradient_of_non_scalar_is_an_error() {
+    if !have_cc("gradient_of_non_scalar_is_an_error") {
+        return;
+    }
+    let rt = runtime_lib();
+    let d = Dir::new("nonscalar");
+    let src = d.write("h.adj", "fn h(x) = x * 2.0\n");
+    let obj = d.path("h.o");
+    ok(
+        &adjoint(&[
+            "build",
+            src.to_str().unwrap(),
+            "--entry",
+            "h",
+            "--with-grad",
+            "-o",
+            obj.to_str().unwrap(),
+        ]),
+        "adjoint build",
+    );
+    let c = d.write(
+        "main.c",
+        r#"
+#include <stdio.h>
+#include "h.h"
+int main(void) {
+    float x[3] = {1, 2, 3}, y[3], g[3];
+    int64_t s[1] = {3};
+    adj_tensor in[1] = {{x, s, 1, ADJ_F32}};
+    adj_tensor out[1] = {{y, s, 1, ADJ_F32}};
+    adj_tensor grad[1] = {{g, s, 1, ADJ_F32}};
+    int rc = h(in, 1, out, 1);
+    printf("h: %d %g %g %g\n", rc, y[0], y[1], y[2]);
+    rc = h_grad(in, 1, grad, 1);
+    printf("h_grad: %d %s\n", rc, adjoint_last_error());
+    return 0;
+}
+"#,
+    );
+    let exe = d.path("main");
+    ok(
+        &run(Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&c)
+            .arg(&obj)
+            .arg(&rt)
+            .arg("-I")
+            .arg(&d.0)
+            .args(["-lpthread", "-ldl", "-lm"])),
+        "cc",
+    );
+    let stdout = ok(&run(&mut Command::new(&exe)), "the C program");
+    assert!(stdout.contains("h: 0 2 4 6\n"), "{stdout}");
+    assert!(
+        stdout.contains("h_grad: 1 h_grad: h returns f32[3] for these inputs, but its gradient needs a float scalar"),
+        "{stdout}"
+    );
+}

@@ -38,10 +38,11 @@ pub struct Entry {
     /// The C symbol.
     pub name: String,
     pub graph: GraphId,
-    /// For a gradient, the index of the entry it differentiates (with
-    /// respect to every parameter): calls check what type checking checks
-    /// for `grad` in a program (a float scalar result, float arguments).
-    pub grad_of: Option<usize>,
+    /// For a gradient, the index of the entry it differentiates and the
+    /// parameters it differentiates with respect to: calls check what type
+    /// checking checks for `grad` in a program (a float scalar result,
+    /// float arguments).
+    pub grad_of: Option<(usize, Vec<usize>)>,
 }
 
 /// The IR text that a library carries for `entries` (in the order of the
@@ -61,17 +62,47 @@ pub fn blob_text(program: &Program, entries: &[Entry]) -> Result<String, String>
         ));
     }
     let body = print_module(&m, &roots, None);
+    // Where each entry's graph is in the text (the printer puts a root's
+    // graphs after it, before the next root).
+    let layout = crate::ir::print::layout(&m, &roots);
+    let positions: Vec<usize> = roots
+        .iter()
+        .map(|g| layout.position(*g))
+        .collect::<Option<_>>()
+        .ok_or("internal error: an entry is not printed")?;
     // The library is only as good as the text: check that it reads back.
     let (back, graphs) = crate::ir::parse::parse_module(&body)
         .map_err(|e| format!("internal error: the IR text does not read back: {e}"))?;
-    if graphs.len() < roots.len() || print_module(&back, &graphs[..roots.len()], None) != body {
-        return Err("internal error: the IR text does not read back to the same module".into());
+    let back_roots: Vec<GraphId> = positions
+        .iter()
+        .map(|p| graphs.get(*p).copied())
+        .collect::<Option<_>>()
+        .ok_or("internal error: the IR text lacks an entry")?;
+    let again = print_module(&back, &back_roots, None);
+    if again != body {
+        let (n, (a, b)) = body
+            .lines()
+            .zip(again.lines())
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .unwrap_or((0, ("", "")));
+        return Err(format!(
+            "internal error: the IR text does not read back to the same module (line {}: `{a}` reads back as `{b}`)",
+            n + 1
+        ));
     }
     let mut text = format!("{BLOB_MAGIC}\n");
-    for e in entries {
-        match e.grad_of {
-            None => text.push_str(&format!("// entry {}\n", e.name)),
-            Some(i) => text.push_str(&format!("// entry {} grad-of {i}\n", e.name)),
+    for (e, p) in entries.iter().zip(&positions) {
+        match &e.grad_of {
+            None => text.push_str(&format!("// entry {} {p}\n", e.name)),
+            Some((i, wrt)) => {
+                let wrt: Vec<String> = wrt.iter().map(|k| k.to_string()).collect();
+                text.push_str(&format!(
+                    "// entry {} {p} grad-of {i} wrt {}\n",
+                    e.name,
+                    wrt.join(",")
+                ))
+            }
         }
     }
     text.push_str(&body);
@@ -93,9 +124,9 @@ fn uses_dynamic_ad(m: &Module, roots: &[GraphId]) -> bool {
 /// A program read back from a blob.
 pub struct AotModule {
     module: Module,
-    /// Exported name, graph and differentiated entry of each entry, by
-    /// entry index.
-    entries: Vec<(String, GraphId, Option<usize>)>,
+    /// Exported name, graph and (for a gradient) differentiated entry and
+    /// parameters of each entry, by entry index.
+    entries: Vec<(String, GraphId, Option<(usize, Vec<usize>)>)>,
 }
 
 impl AotModule {
@@ -108,29 +139,36 @@ impl AotModule {
                     .into(),
             );
         }
-        let mut names = Vec::new();
+        let bad = || "the library's program has a bad entry line".to_string();
+        let mut heads = Vec::new();
         for l in lines.map_while(|l| l.strip_prefix("// entry ")) {
-            let mut words = l.split(' ');
-            let name = words.next().unwrap_or("").to_string();
-            let grad_of = match (words.next(), words.next()) {
-                (Some("grad-of"), Some(i)) => Some(
-                    i.parse::<usize>()
-                        .map_err(|_| "the library's program has a bad entry line".to_string())?,
-                ),
-                _ => None,
+            let words: Vec<&str> = l.split(' ').collect();
+            let (name, pos, grad_of) = match words.as_slice() {
+                [n, p] => (n, p, None),
+                [n, p, "grad-of", i, "wrt", ks] => {
+                    let i = i.parse::<usize>().map_err(|_| bad())?;
+                    let ks = ks
+                        .split(',')
+                        .map(|k| k.parse::<usize>())
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|_| bad())?;
+                    (n, p, Some((i, ks)))
+                }
+                _ => return Err(bad()),
             };
-            names.push((name, grad_of));
+            heads.push((
+                name.to_string(),
+                pos.parse::<usize>().map_err(|_| bad())?,
+                grad_of,
+            ));
         }
         let (module, graphs) = crate::ir::parse::parse_module(text)
             .map_err(|e| format!("the library's program does not parse: {e}"))?;
-        if graphs.len() < names.len() {
-            return Err("the library's program lacks some of its entries".into());
-        }
-        let entries = names
+        let entries = heads
             .into_iter()
-            .zip(graphs)
-            .map(|((n, d), g)| (n, g, d))
-            .collect();
+            .map(|(n, p, d)| Some((n, *graphs.get(p)?, d)))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("the library's program lacks some of its entries")?;
         Ok(AotModule { module, entries })
     }
 
@@ -168,12 +206,12 @@ impl AotModule {
             only_taken_branches: true,
             ..Default::default()
         };
-        if let Some(f) = grad_of {
+        if let Some((f, wrt)) = grad_of {
             // What type checking checks for `grad(f)` in a program.
-            for (k, (d, s)) in args.iter().enumerate() {
-                if !d.is_float() {
+            for &k in wrt {
+                if let Some((d, s)) = args.get(k).filter(|(d, _)| !d.is_float()) {
                     return Err(format!(
-                        "{name}: in[{k}] is {}: the gradient is taken with respect to every input, which must be floats",
+                        "{name}: in[{k}] is {}, but the gradient is taken with respect to it: it must be a float tensor",
                         adjoint_runtime::TensorTy::new(*d, s)
                     ));
                 }
