@@ -416,3 +416,174 @@ fn flatten(v: &Value, out: &mut Vec<Option<Tensor>>) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `f(x, y) = sum(x * y)` and `g(x) = (x, x * 2.0)` as a library
+    /// carries them.
+    const BLOB: &str = "// adjoint aot 1
+// entry f 0
+// entry g 1
+graph @f(%0 x, %1 y) {
+  %2 = mul(%0, %1)
+  %3 = sum(%2, (), false)
+  return %3
+}
+
+graph @g(%4 x) {
+  %5 = mul(%4, 2.0)
+  %6 = make_tuple(%4, %5)
+  return %6
+}
+";
+
+    fn last_error() -> String {
+        let p = adjoint_last_error();
+        // SAFETY: a valid C string until the next call on this thread.
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn t(data: *mut c_void, shape: &[i64], dtype: DType) -> AdjTensor {
+        AdjTensor {
+            data,
+            shape: shape.as_ptr(),
+            rank: shape.len() as i32,
+            dtype: dtype_code(dtype),
+        }
+    }
+
+    fn call(entry: usize, ins: &[AdjTensor], outs: &mut [AdjTensor]) -> i32 {
+        // SAFETY: the tensors point at live buffers of their shapes.
+        unsafe {
+            adjoint_aot_call(
+                BLOB.as_ptr(),
+                BLOB.len(),
+                entry,
+                ins.as_ptr(),
+                ins.len(),
+                outs.as_mut_ptr(),
+                outs.len(),
+            )
+        }
+    }
+
+    #[test]
+    fn calls_check_and_copy() {
+        let mut x = [1.0f64, 2.0, 3.0];
+        let mut y = [0.5f64, -1.0, 4.0];
+        let mut v = 0.0f64;
+        let s3 = [3i64];
+        let ins = [
+            t(x.as_mut_ptr().cast(), &s3, DType::F64),
+            t(y.as_mut_ptr().cast(), &s3, DType::F64),
+        ];
+        let mut outs = [t((&mut v as *mut f64).cast(), &[], DType::F64)];
+        assert_eq!(call(0, &ins, &mut outs), ADJ_OK, "{}", last_error());
+        assert_eq!(v, 0.5 - 2.0 + 12.0);
+        assert_eq!(last_error(), "");
+
+        // A tuple result is flattened; f32 stays f32.
+        let mut a = [1.5f32, -2.0];
+        let (mut r0, mut r1) = ([0f32; 2], [0f32; 2]);
+        let s2 = [2i64];
+        let ins = [t(a.as_mut_ptr().cast(), &s2, DType::F32)];
+        let mut outs = [
+            t(r0.as_mut_ptr().cast(), &s2, DType::F32),
+            t(r1.as_mut_ptr().cast(), &s2, DType::F32),
+        ];
+        assert_eq!(call(1, &ins, &mut outs), ADJ_OK, "{}", last_error());
+        assert_eq!((r0, r1), ([1.5, -2.0], [3.0, -4.0]));
+
+        // Errors: a wrong dtype, too few outputs, a bad entry, a bad dtype code.
+        let mut outs = [
+            t(r0.as_mut_ptr().cast(), &s2, DType::F64),
+            t(r1.as_mut_ptr().cast(), &s2, DType::F32),
+        ];
+        assert_eq!(call(1, &ins, &mut outs), ADJ_ERROR);
+        assert_eq!(last_error(), "g: result 0 is f32[2], but out[0] is f64[2]");
+        assert_eq!(call(1, &ins, &mut outs[..1]), ADJ_ERROR);
+        assert_eq!(
+            last_error(),
+            "g returns 2 tensors (f32[2], f32[2]), but n_out is 1"
+        );
+        assert_eq!(call(7, &ins, &mut outs), ADJ_ERROR);
+        assert_eq!(last_error(), "the library has no entry 7");
+        let mut bad = ins;
+        bad[0].dtype = 9;
+        assert_eq!(call(1, &bad, &mut outs), ADJ_ERROR);
+        assert!(last_error().starts_with("g: in[0]: unknown dtype code 9"));
+        // Shapes that do not broadcast: the program's own error.
+        let ins = [
+            t(x.as_mut_ptr().cast(), &s3, DType::F64),
+            t(y.as_mut_ptr().cast(), &s2, DType::F64),
+        ];
+        let mut outs = [t((&mut v as *mut f64).cast(), &[], DType::F64)];
+        assert_eq!(call(0, &ins, &mut outs), ADJ_ERROR);
+        assert!(last_error().starts_with("f: "), "{}", last_error());
+        // Null pointers.
+        // SAFETY: null is checked before use.
+        let rc = unsafe {
+            adjoint_aot_call(
+                std::ptr::null(),
+                0,
+                0,
+                ins.as_ptr(),
+                2,
+                outs.as_mut_ptr(),
+                1,
+            )
+        };
+        assert_eq!(rc, ADJ_ERROR);
+        // SAFETY: as above.
+        let rc = unsafe {
+            adjoint_aot_call(
+                BLOB.as_ptr(),
+                BLOB.len(),
+                0,
+                std::ptr::null(),
+                2,
+                outs.as_mut_ptr(),
+                1,
+            )
+        };
+        assert_eq!(rc, ADJ_ERROR);
+        assert_eq!(last_error(), "f: `in` is null");
+    }
+
+    #[test]
+    fn a_blob_of_another_version_is_refused() {
+        let text = "// adjoint aot 0\n";
+        let mut v = 0.0f64;
+        let mut outs = [t((&mut v as *mut f64).cast(), &[], DType::F64)];
+        // SAFETY: a valid blob pointer and output.
+        let rc = unsafe {
+            adjoint_aot_call(
+                text.as_ptr(),
+                text.len(),
+                0,
+                std::ptr::null(),
+                0,
+                outs.as_mut_ptr(),
+                1,
+            )
+        };
+        assert_eq!(rc, ADJ_ERROR);
+        assert!(last_error().contains("another version of adjoint"));
+    }
+
+    #[test]
+    fn large_element_wise_chains_are_fused() {
+        let m = AotModule::parse(BLOB).expect("the blob parses");
+        let c = m
+            .compile(
+                0,
+                &[(DType::F32, vec![256, 64]), (DType::F32, vec![256, 64])],
+            )
+            .expect("compiles");
+        assert_eq!(c.kernels().len(), 1, "{:?}", c.kernels());
+    }
+}

@@ -248,6 +248,7 @@ impl AotModule {
             ex,
             graph: *g,
             name: name.clone(),
+            kernels: plan.describe(),
         })
     }
 }
@@ -257,9 +258,15 @@ pub struct Compiled {
     ex: Executable,
     graph: GraphId,
     name: String,
+    kernels: Vec<String>,
 }
 
 impl Compiled {
+    /// The fused kernels compiled for this signature, one line each.
+    pub fn kernels(&self) -> &[String] {
+        &self.kernels
+    }
+
     /// Runs the entry on `args`.
     pub fn call(&self, args: Vec<Value>) -> Result<Value, String> {
         let f = self
