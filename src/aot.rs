@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use adjoint_compiler::aot::Entry;
+use adjoint_compiler::aot::{Entry, Param};
 use adjoint_lang::{ast, Diagnostic, FileId};
 
 use crate::{with_stack, Mode, Session, SessionError};
@@ -64,9 +64,9 @@ fn is_c_identifier(s: &str) -> bool {
         && cs.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// The parameter names of function `name` in the program text, or an
-/// error naming what is wrong.
-fn parameters(path: &Path, text: &str, name: &str) -> Result<Vec<String>, SessionError> {
+/// The parameters of function `name` in the program text, with their
+/// declared types, or an error naming what is wrong.
+fn parameters(path: &Path, text: &str, name: &str) -> Result<Vec<Param>, SessionError> {
     let (module, diags) = adjoint_lang::parse(FileId(0), text);
     if diags.iter().any(|d| d.is_error()) {
         // The program's own diagnostics, rendered with the source.
@@ -76,10 +76,48 @@ fn parameters(path: &Path, text: &str, name: &str) -> Result<Vec<String>, Sessio
         ast::Item::Fn(d) if d.name.name == name => Some(d),
         _ => None,
     });
-    match def {
-        Some(d) => Ok(d.params.iter().map(|p| p.name.name.clone()).collect()),
-        None => Err(fail(format!("{} has no function `{name}`", path.display()))),
+    let Some(def) = def else {
+        return Err(fail(format!("{} has no function `{name}`", path.display())));
+    };
+    let mut params = Vec::new();
+    for p in &def.params {
+        let pname = p.name.name.clone();
+        let declared = match p.ty.as_ref().map(|t| &t.kind) {
+            None => None,
+            Some(ast::TypeKind::Tensor { dtype, dims }) => {
+                let Some(d) = adjoint_runtime::DType::from_name(&dtype.name) else {
+                    return Err(fail(format!(
+                        "parameter `{pname}` of `{name}` has an unknown dtype `{}`",
+                        dtype.name
+                    )));
+                };
+                let shape = match dims {
+                    None => None,
+                    Some(ds) => Some(
+                        ds.iter()
+                            .map(|x| usize::try_from(*x))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|_| {
+                                fail(format!(
+                                    "parameter `{pname}` of `{name}` has a negative dimension"
+                                ))
+                            })?,
+                    ),
+                };
+                Some((d, shape))
+            }
+            Some(_) => {
+                return Err(fail(format!(
+                    "parameter `{pname}` of `{name}` is declared a tuple or record: functions built ahead of time take tensors"
+                )))
+            }
+        };
+        params.push(Param {
+            name: pname,
+            declared,
+        });
     }
+    Ok(params)
 }
 
 /// Builds the library and header `opts` describe.
@@ -91,7 +129,8 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
         )));
     }
     let text = std::fs::read_to_string(&opts.file).map_err(|e| SessionError::io(&opts.file, e))?;
-    let params = parameters(&opts.file, &text, entry)?;
+    let declared = parameters(&opts.file, &text, entry)?;
+    let params: Vec<String> = declared.iter().map(|p| p.name.clone()).collect();
     if opts.with_grad && params.is_empty() {
         return Err(fail(format!(
             "`{entry}` takes no arguments: --with-grad has nothing to differentiate"
@@ -174,7 +213,8 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
             grad_of: Some((0, wrt.clone())),
         });
     }
-    let blob = with_stack(|| adjoint_compiler::aot::blob_text(program, &entries)).map_err(fail)?;
+    let blob = with_stack(|| adjoint_compiler::aot::blob_text(program, &entries, &declared))
+        .map_err(fail)?;
     let names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
     let object = adjoint_compiler::aot::emit_object(blob.as_bytes(), &names).map_err(fail)?;
 
@@ -187,7 +227,7 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
     let header = header_text(
         &opts.file,
         entry,
-        &params,
+        &declared,
         opts.with_grad.then_some((&grad_name, &wrt[..])),
     );
     write(&header_path, header.as_bytes())?;
@@ -295,15 +335,19 @@ fn link(
 fn header_text(
     file: &Path,
     entry: &str,
-    params: &[String],
+    declared: &[Param],
     grad: Option<(&String, &[usize])>,
 ) -> String {
+    let params: Vec<String> = declared.iter().map(|p| p.name.clone()).collect();
     let guard = format!("ADJOINT_{}_H", entry.to_ascii_uppercase());
     let plist = params.join(", ");
-    let inputs: String = params
+    let inputs: String = declared
         .iter()
         .enumerate()
-        .map(|(i, p)| format!(" *     in[{i}] = {p}\n"))
+        .map(|(i, p)| match p.declared_type() {
+            Some(t) => format!(" *     in[{i}] = {}: {t}\n", p.name),
+            None => format!(" *     in[{i}] = {}\n", p.name),
+        })
         .collect();
     let mut h = format!(
         r#"/* Generated by `adjoint build` from {file}: do not edit. */

@@ -505,6 +505,20 @@ fn build_errors_are_diagnostics() {
         &["build", bad.to_str().unwrap(), "--entry", "f", "-o", o],
         "bad.adj",
     );
+    let rec = d.write("rec.adj", "fn r(p: { w: f64 }) = p.w\n");
+    err(
+        &["build", rec.to_str().unwrap(), "--entry", "r", "-o", o],
+        "parameter `p` of `r` is declared a tuple or record",
+    );
+    // Declared types are documented in the header (and checked by calls).
+    let typed = d.write("typed.adj", "fn t(x: f64[3], n: i64) = sum(x) * f64(n)\n");
+    let out = adjoint(&["build", typed.to_str().unwrap(), "--entry", "t", "-o", o]);
+    ok(&out, "adjoint build typed.adj");
+    let h = std::fs::read_to_string(d.path("t.h")).expect("t.h");
+    assert!(
+        h.contains("in[0] = x: f64[3]\n") && h.contains("in[1] = n: i64\n"),
+        "{h}"
+    );
     // An object file needs no runtime library or C compiler.
     let out = adjoint(&["build", s, "--entry", "f", "-o", o]);
     ok(&out, "adjoint build -o p.o");

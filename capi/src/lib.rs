@@ -555,6 +555,30 @@ graph @g(%4 x) {
     }
 
     #[test]
+    fn declared_types_are_checked() {
+        let blob = BLOB.replace(
+            "// entry f 0\n",
+            "// param x f64[3]\n// param y f64\n// entry f 0\n",
+        );
+        let m = AotModule::parse(&blob).expect("the blob parses");
+        let sig = |a: DType, b: DType| vec![(a, vec![3]), (b, vec![3])];
+        assert!(m.compile(0, &sig(DType::F64, DType::F64)).is_ok());
+        let err = |r: Result<Compiled, String>| r.err().unwrap_or_default();
+        assert_eq!(
+            err(m.compile(0, &sig(DType::F32, DType::F64))),
+            "f: in[0] is f32[3], but `x` is declared f64[3]"
+        );
+        assert_eq!(
+            err(m.compile(0, &sig(DType::F64, DType::I64))),
+            "f: in[1] is i64[3], but `y` is declared f64"
+        );
+        assert_eq!(
+            err(m.compile(0, &[(DType::F64, vec![2]), (DType::F64, vec![2])])),
+            "f: in[0] is f64[2], but `x` is declared f64[3]"
+        );
+    }
+
+    #[test]
     fn a_blob_of_another_version_is_refused() {
         let text = "// adjoint aot 0\n";
         let mut v = 0.0f64;

@@ -45,11 +45,31 @@ pub struct Entry {
     pub grad_of: Option<(usize, Vec<usize>)>,
 }
 
+/// A parameter of the entries as declared in the source: its name and,
+/// when annotated, its dtype and (when written) shape, which calls are
+/// checked against.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    pub name: String,
+    pub declared: Option<(DType, Option<Vec<usize>>)>,
+}
+
+impl Param {
+    /// The declared type as source writes it (`f32[3, 4]`, `f64`).
+    pub fn declared_type(&self) -> Option<String> {
+        let (d, shape) = self.declared.as_ref()?;
+        Some(match shape {
+            Some(s) => adjoint_runtime::TensorTy::new(*d, s).to_string(),
+            None => d.name().to_string(),
+        })
+    }
+}
+
 /// The IR text that a library carries for `entries` (in the order of the
 /// entry indices): the optimised module reached
 /// from them, with a header naming the entries. The text is checked to
 /// read back to the same module.
-pub fn blob_text(program: &Program, entries: &[Entry]) -> Result<String, String> {
+pub fn blob_text(program: &Program, entries: &[Entry], params: &[Param]) -> Result<String, String> {
     let roots: Vec<GraphId> = entries.iter().map(|e| e.graph).collect();
     if uses_dynamic_ad(&program.lowered.module, &roots) {
         return Err("this function differentiates a function value at run time (`grad` of a parameter or of a value from a tuple); ahead-of-time builds do not support it yet".into());
@@ -92,6 +112,17 @@ pub fn blob_text(program: &Program, entries: &[Entry]) -> Result<String, String>
         ));
     }
     let mut text = format!("{BLOB_MAGIC}\n");
+    for p in params {
+        let ty = match &p.declared {
+            None => "any".to_string(),
+            Some((d, None)) => d.name().to_string(),
+            Some((d, Some(s))) => {
+                let dims: Vec<String> = s.iter().map(|x| x.to_string()).collect();
+                format!("{}[{}]", d.name(), dims.join(","))
+            }
+        };
+        text.push_str(&format!("// param {} {ty}\n", p.name));
+    }
     for (e, p) in entries.iter().zip(&positions) {
         match &e.grad_of {
             None => text.push_str(&format!("// entry {} {p}\n", e.name)),
@@ -127,6 +158,8 @@ pub struct AotModule {
     /// Exported name, graph and (for a gradient) differentiated entry and
     /// parameters of each entry, by entry index.
     entries: Vec<(String, GraphId, Option<(usize, Vec<usize>)>)>,
+    /// The parameters of the entries, as declared.
+    params: Vec<Param>,
 }
 
 impl AotModule {
@@ -140,6 +173,36 @@ impl AotModule {
             );
         }
         let bad = || "the library's program has a bad entry line".to_string();
+        let mut lines = lines.peekable();
+        let mut params = Vec::new();
+        while let Some(l) = lines.peek().and_then(|l| l.strip_prefix("// param ")) {
+            lines.next();
+            let (name, ty) = l.split_once(' ').ok_or_else(bad)?;
+            let declared = if ty == "any" {
+                None
+            } else {
+                let (d, dims) = match ty.split_once('[') {
+                    None => (ty, None),
+                    Some((d, rest)) => {
+                        let dims = rest.strip_suffix(']').ok_or_else(bad)?;
+                        let dims = if dims.is_empty() {
+                            Vec::new()
+                        } else {
+                            dims.split(',')
+                                .map(|x| x.parse::<usize>())
+                                .collect::<Result<Vec<_>, _>>()
+                                .map_err(|_| bad())?
+                        };
+                        (d, Some(dims))
+                    }
+                };
+                Some((DType::from_name(d).ok_or_else(bad)?, dims))
+            };
+            params.push(Param {
+                name: name.to_string(),
+                declared,
+            });
+        }
         let mut heads = Vec::new();
         for l in lines.map_while(|l| l.strip_prefix("// entry ")) {
             let words: Vec<&str> = l.split(' ').collect();
@@ -169,7 +232,11 @@ impl AotModule {
             .map(|(n, p, d)| Some((n, *graphs.get(p)?, d)))
             .collect::<Option<Vec<_>>>()
             .ok_or("the library's program lacks some of its entries")?;
-        Ok(AotModule { module, entries })
+        Ok(AotModule {
+            module,
+            entries,
+            params,
+        })
     }
 
     /// The number of entries.
@@ -198,6 +265,18 @@ impl AotModule {
             .entries
             .get(i)
             .ok_or_else(|| format!("the library has no entry {i}"))?;
+        for (k, (p, (d, s))) in self.params.iter().zip(args).enumerate() {
+            if let Some((want_d, want_s)) = &p.declared {
+                if d != want_d || want_s.as_ref().is_some_and(|w| w != s) {
+                    return Err(format!(
+                        "{name}: in[{k}] is {}, but `{}` is declared {}",
+                        adjoint_runtime::TensorTy::new(*d, s),
+                        p.name,
+                        p.declared_type().unwrap_or_default()
+                    ));
+                }
+            }
+        }
         let abs: Vec<AbsVal> = args
             .iter()
             .map(|(d, s)| AbsVal::Tensor(AbsTensor::new(*d, s.clone(), false)))
