@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use adjoint_compiler::aot::{Entry, Param};
+use adjoint_compiler::infer::{AbsTensor, AbsVal, InferOptions};
 use adjoint_lang::{ast, Diagnostic, FileId};
 
 use crate::{with_stack, Mode, Session, SessionError};
@@ -213,6 +214,29 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
             grad_of: Some((0, wrt.clone())),
         });
     }
+    // With every parameter's dtype and shape declared, the entries are
+    // type-checked now, with errors at their place in the source.
+    if let Some(args) = declared
+        .iter()
+        .map(|p| match &p.declared {
+            Some((d, Some(s))) => Some(AbsVal::Tensor(AbsTensor::new(*d, s.clone(), false))),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+    {
+        for e in &entries {
+            with_stack(|| type_check(program, e.graph, &args)).map_err(|d| {
+                if e.grad_of.is_none() {
+                    session.error(d)
+                } else {
+                    // Errors of the generated gradient function: its text
+                    // is not the user's, so say what failed in words.
+                    let msgs: Vec<String> = d.iter().map(|d| d.message.clone()).collect();
+                    fail(format!("{}: {}", e.name, msgs.join("; ")))
+                }
+            })?;
+        }
+    }
     let blob = with_stack(|| adjoint_compiler::aot::blob_text(program, &entries, &declared))
         .map_err(fail)?;
     let names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
@@ -239,6 +263,39 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
         library: opts.output.clone(),
         header: header_path,
     })
+}
+
+/// Type-checks entry `g` of `program` for arguments of types `args`, with
+/// the checks that need types (annotations, differentiation).
+fn type_check(
+    program: &adjoint_compiler::pipeline::Program,
+    g: adjoint_compiler::ir::GraphId,
+    args: &[AbsVal],
+) -> Result<(), Vec<Diagnostic>> {
+    let m = &program.lowered.module;
+    let internal: Vec<u32> = program.lowered.stdlib_files.iter().map(|f| f.0).collect();
+    let opts = InferOptions {
+        internal_files: &internal,
+        ..InferOptions::default()
+    };
+    let at = |loc| {
+        adjoint_compiler::lower::span_of(loc).unwrap_or(adjoint_lang::Span::point(program.root, 0))
+    };
+    let types = adjoint_compiler::infer::infer_module_with(m, g, args, &opts).map_err(|e| {
+        let mut d = Diagnostic::error(e.message.clone(), at(e.loc));
+        for (l, msg) in &e.secondary {
+            if let Some(s) = adjoint_compiler::lower::span_of(*l) {
+                d = d.with_secondary(s, msg.clone());
+            }
+        }
+        vec![d]
+    })?;
+    let failed = adjoint_compiler::checks::run(&program.lowered.checks, m, &types);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed)
+    }
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {

@@ -519,6 +519,17 @@ fn build_errors_are_diagnostics() {
         h.contains("in[0] = x: f64[3]\n") && h.contains("in[1] = n: i64\n"),
         "{h}"
     );
+    // With every parameter's type declared, type errors come at build time.
+    let t2 = d.write(
+        "typed2.adj",
+        "fn bad(x: f64[3], y: f64[2]) = sum(x + y)\nfn ns(x: f64[3]) = x * 2.0\n",
+    );
+    let t2 = t2.to_str().unwrap();
+    err(&["build", t2, "--entry", "bad", "-o", o], "typed2.adj:1:36");
+    err(
+        &["build", t2, "--entry", "ns", "--with-grad", "-o", o],
+        "ns_grad: `grad` needs `ns` to return a float scalar, but it returns f64[3]",
+    );
     // An object file needs no runtime library or C compiler.
     let out = adjoint(&["build", s, "--entry", "f", "-o", o]);
     ok(&out, "adjoint build -o p.o");

@@ -423,7 +423,10 @@ mod tests {
 
     /// `f(x, y) = sum(x * y)` and `g(x) = (x, x * 2.0)` as a library
     /// carries them.
-    const BLOB: &str = "// adjoint aot 1
+    const BLOB: &str = concat!(
+        "// adjoint aot 1 ",
+        env!("CARGO_PKG_VERSION"),
+        "
 // entry f 0
 // entry g 1
 graph @f(%0 x, %1 y) {
@@ -437,7 +440,8 @@ graph @g(%4 x) {
   %6 = make_tuple(%4, %5)
   return %6
 }
-";
+"
+    );
 
     fn last_error() -> String {
         let p = adjoint_last_error();

@@ -23,8 +23,9 @@ use crate::ir::{GraphId, Module};
 use crate::pipeline::Program;
 use crate::prim::Prim;
 
-/// The first line of every blob; the version is checked when it is read.
-pub const BLOB_MAGIC: &str = "// adjoint aot 1";
+/// The first line of every blob (the format and the compiler's version);
+/// it is checked when the blob is read.
+pub const BLOB_MAGIC: &str = concat!("// adjoint aot 1 ", env!("CARGO_PKG_VERSION"));
 
 /// The symbol of the runtime function the exported functions call:
 /// `int32_t adjoint_aot_call(const uint8_t* blob, size_t blob_len,
