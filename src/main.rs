@@ -85,12 +85,13 @@ enum Command {
     /// Build a native library (or object file) exporting a function, and
     /// optionally its gradient, with a C ABI, and its C header.
     Build {
+        /// The program.
         file: PathBuf,
         /// The function to export.
         #[arg(long, value_name = "F")]
         entry: String,
         /// Also export `F_grad`, the gradient of F with respect to every
-        /// parameter.
+        /// parameter (or those --wrt names).
         #[arg(long)]
         with_grad: bool,
         /// The parameters of F to differentiate with respect to, by name
