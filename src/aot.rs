@@ -23,6 +23,8 @@ pub const RUNTIME_LIB: &str = "libadjoint_capi.a";
 
 /// The name of the generated gradient function in the program.
 const GRAD_DRIVER: &str = "__adjoint_aot_grad";
+/// The name of the generated value-and-gradient function.
+const VG_DRIVER: &str = "__adjoint_aot_value_and_grad";
 
 /// What `adjoint build` makes.
 #[derive(Clone, Debug)]
@@ -175,7 +177,8 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
         let args: Vec<String> = (0..params.len()).map(|i| format!("a{i}")).collect();
         let argnums: Vec<String> = wrt.iter().map(|i| i.to_string()).collect();
         format!(
-            "fn {GRAD_DRIVER}({a}) = grad({entry}, argnums = ({n},))({a})\n",
+            "fn {GRAD_DRIVER}({a}) = grad({entry}, argnums = ({n},))({a})\n\
+             fn {VG_DRIVER}({a}) = value_and_grad({entry}, argnums = ({n},))({a})\n",
             a = args.join(", "),
             n = argnums.join(", ")
         )
@@ -211,6 +214,14 @@ pub fn build(opts: &BuildOptions) -> Result<Built, SessionError> {
         entries.push(Entry {
             name: grad_name.clone(),
             graph: d,
+            grad_of: Some((0, wrt.clone())),
+        });
+        let vg = program
+            .function(VG_DRIVER)
+            .ok_or_else(|| fail("internal error: the value-and-gradient function is missing"))?;
+        entries.push(Entry {
+            name: format!("{entry}_value_and_grad"),
+            graph: vg,
             grad_of: Some((0, wrt.clone())),
         });
     }
@@ -475,6 +486,13 @@ int {entry}(const adj_tensor *in, size_t n_in, adj_tensor *out, size_t n_out);
 {inputs} *   n_out = {nw}:
 {outs} */
 int {g}(const adj_tensor *in, size_t n_in, adj_tensor *out, size_t n_out);
+
+/* {entry}_value_and_grad({plist}): {entry} and {g} in one call (one
+ * forward pass): out[0] = the value of {entry}, then the gradients as
+ * out[1..{nw}] of {g}.
+ *   n_in = {n}, n_out = 1 + {nw}.
+ */
+int {entry}_value_and_grad(const adj_tensor *in, size_t n_in, adj_tensor *out, size_t n_out);
 "#,
             n = params.len(),
             nw = wrt.len(),

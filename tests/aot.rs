@@ -166,6 +166,18 @@ int main(void) {
     }
     printf("dw: %.17g\n", dw);
     printf("dx: %.17g %.17g %.17g\n", dx[0], dx[1], dx[2]);
+    /* Value and gradient in one call. */
+    double vg_v = 0.0, vg_dw = 0.0, vg_dx[3] = {0, 0, 0};
+    adj_tensor vg[3] = {
+        {&vg_v, NULL, 0, ADJ_F64},
+        {&vg_dw, NULL, 0, ADJ_F64},
+        {vg_dx, xs, 1, ADJ_F64},
+    };
+    if (f_value_and_grad(in, 2, vg, 3) != ADJ_OK) {
+        printf("error: %s\n", adjoint_last_error());
+        return 1;
+    }
+    printf("vg: %.17g %.17g %.17g %.17g %.17g\n", vg_v, vg_dw, vg_dx[0], vg_dx[1], vg_dx[2]);
     /* Twice: the second call runs the compiled function again. */
     double v2 = 0.0;
     adj_tensor out2[1] = {{&v2, NULL, 0, ADJ_F64}};
@@ -245,6 +257,7 @@ fn shared_library_value_and_gradient_from_c() {
         "typedef struct adj_tensor",
         "int f(const adj_tensor *in, size_t n_in, adj_tensor *out, size_t n_out);",
         "int f_grad(const adj_tensor *in, size_t n_in, adj_tensor *out, size_t n_out);",
+        "int f_value_and_grad(const adj_tensor *in, size_t n_in, adj_tensor *out, size_t n_out);",
         "in[0] = w",
         "in[1] = x",
         "const char *adjoint_last_error(void);",
@@ -263,7 +276,7 @@ fn shared_library_value_and_gradient_from_c() {
                 .lines()
                 .filter_map(|l| l.split_whitespace().nth(2))
                 .collect();
-            for want in ["f", "f_grad", "adjoint_last_error"] {
+            for want in ["f", "f_grad", "f_value_and_grad", "adjoint_last_error"] {
                 assert!(
                     names.contains(&want),
                     "libf.so does not export {want}: {names:?}"
@@ -293,6 +306,9 @@ fn shared_library_value_and_gradient_from_c() {
     close(&numbers(&stdout, "value"), &[v], 1e-12, "value");
     close(&numbers(&stdout, "dw"), &[dw], 1e-12, "dw");
     close(&numbers(&stdout, "dx"), &dx, 1e-12, "dx");
+    let mut all = vec![v, dw];
+    all.extend(&dx);
+    close(&numbers(&stdout, "vg"), &all, 1e-12, "value_and_grad");
     // And by hand: f = sum(tanh(x w)) + w^2.
     let (w, x) = (0.7f64, [0.5f64, -1.25, 2.0]);
     let hv: f64 = x.iter().map(|xi| (xi * w).tanh()).sum::<f64>() + w * w;
