@@ -91,7 +91,7 @@ enum Command {
         #[arg(long, value_name = "F")]
         entry: String,
         /// Also export `F_grad`, the gradient of F with respect to every
-        /// parameter (or those --wrt names).
+        /// parameter (or those --wrt names), and `F_value_and_grad`.
         #[arg(long)]
         with_grad: bool,
         /// The parameters of F to differentiate with respect to, by name

@@ -741,3 +741,86 @@ int main(void) {
         "{stdout}"
     );
 }
+
+const THREADS_MAIN: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include "f.h"
+
+#define T 4
+
+static double results[T];
+static int status[T];
+
+static void *work(void *arg) {
+    int k = (int)(long)arg;
+    /* Each thread its own shape: k + 1 elements. */
+    double w = 0.25 * (k + 1), x[T], v = 0.0;
+    for (int i = 0; i <= k; i++) x[i] = 0.5 * i - 0.3;
+    int64_t xs[1] = {k + 1};
+    adj_tensor in[2] = {{&w, NULL, 0, ADJ_F64}, {x, xs, 1, ADJ_F64}};
+    adj_tensor out[1] = {{&v, NULL, 0, ADJ_F64}};
+    for (int r = 0; r < 20; r++) {
+        status[k] |= f(in, 2, out, 1);
+    }
+    results[k] = v;
+    return NULL;
+}
+
+int main(void) {
+    pthread_t th[T];
+    for (long k = 0; k < T; k++) pthread_create(&th[k], NULL, work, (void *)k);
+    for (int k = 0; k < T; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < T; k++) printf("thread%d: %d %.17g\n", k, status[k], results[k]);
+    return 0;
+}
+"#;
+
+/// Calls from several threads at once, each with its own input shape
+/// (so each compiles its own specialisation), give the right values.
+#[test]
+fn calls_from_threads() {
+    if !have_cc("calls_from_threads") {
+        return;
+    }
+    let rt = runtime_lib();
+    let d = Dir::new("threads");
+    let src = d.write("f.adj", F);
+    let obj = d.path("f.o");
+    ok(
+        &adjoint(&[
+            "build",
+            src.to_str().unwrap(),
+            "--entry",
+            "f",
+            "-o",
+            obj.to_str().unwrap(),
+        ]),
+        "adjoint build",
+    );
+    let c = d.write("main.c", THREADS_MAIN);
+    let exe = d.path("main");
+    ok(
+        &run(Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&c)
+            .arg(&obj)
+            .arg(&rt)
+            .arg("-I")
+            .arg(&d.0)
+            .args(["-lpthread", "-ldl", "-lm"])),
+        "cc",
+    );
+    let stdout = ok(&run(&mut Command::new(&exe)), "the C program");
+    for k in 0..4usize {
+        let w = 0.25 * (k + 1) as f64;
+        let want: f64 = (0..=k)
+            .map(|i| ((0.5 * i as f64 - 0.3) * w).tanh())
+            .sum::<f64>()
+            + w * w;
+        let got = numbers(&stdout, &format!("thread{k}"));
+        assert_eq!(got[0], 0.0, "status of thread {k}: {stdout}");
+        close(&got[1..], &[want], 1e-12, &format!("thread {k}"));
+    }
+}
