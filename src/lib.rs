@@ -36,6 +36,8 @@ use adjoint_lang::{render, Diagnostic, SourceMap};
 pub use adjoint_runtime::tensor::{DType, Tensor};
 pub use adjoint_runtime::value::Value;
 
+pub mod aot;
+
 /// How programs run: one primitive at a time on the IR as differentiated
 /// (eager, for debugging), or through the optimiser (graph, the default).
 pub use adjoint_compiler::pipeline::Mode;
@@ -435,7 +437,7 @@ impl Session {
         })
     }
 
-    fn program(&self) -> Result<&Program, SessionError> {
+    pub(crate) fn program(&self) -> Result<&Program, SessionError> {
         Ok(&self.loaded()?.program)
     }
 

@@ -103,6 +103,34 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         dot: Option<PathBuf>,
     },
+    /// Build a native library (or object file) exporting a function, and
+    /// optionally its gradient, with a C ABI, and its C header.
+    Build {
+        /// The program.
+        file: PathBuf,
+        /// The function to export.
+        #[arg(long, value_name = "F")]
+        entry: String,
+        /// Also export `F_grad`, the gradient of F with respect to every
+        /// parameter (or those --wrt names), and `F_value_and_grad`.
+        #[arg(long)]
+        with_grad: bool,
+        /// The parameters of F to differentiate with respect to, by name
+        /// (default: all of them).
+        #[arg(long, value_name = "NAMES", value_delimiter = ',', num_args = 1..)]
+        wrt: Option<Vec<String>>,
+        /// The library to write: `libF.so` (a shared library) or `F.o` (an
+        /// object file to link with libadjoint_capi.a yourself).
+        #[arg(short = 'o', long = "output", value_name = "OUT")]
+        output: PathBuf,
+        /// The C header to write (default: F.h beside OUT).
+        #[arg(long, value_name = "FILE")]
+        header: Option<PathBuf>,
+        /// The runtime's static library (default: libadjoint_capi.a beside
+        /// the adjoint executable).
+        #[arg(long, value_name = "LIB")]
+        runtime: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -163,6 +191,33 @@ fn run(cli: Cli) -> ExitCode {
             function,
             dot,
         } => emit(&file, stage, function.as_deref(), dot.as_deref()),
+        Command::Build {
+            file,
+            entry,
+            with_grad,
+            wrt,
+            output,
+            header,
+            runtime,
+        } => {
+            let opts = adjoint::aot::BuildOptions {
+                file,
+                entry,
+                with_grad,
+                wrt,
+                output,
+                header,
+                runtime,
+                cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
+            };
+            adjoint::aot::build(&opts).and_then(|b| {
+                write_stdout(&format!(
+                    "wrote {} and {}\n",
+                    b.library.display(),
+                    b.header.display()
+                ))
+            })
+        }
         Command::Grad { file, function, at } => {
             run_driver(&file, driver::grad_driver(&file, &function, &at)).map(|_| ())
         }

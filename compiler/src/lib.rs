@@ -1,4 +1,5 @@
 pub mod ad;
+pub mod aot;
 pub mod checks;
 pub mod codegen;
 pub mod exec;
