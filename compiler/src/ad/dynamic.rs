@@ -41,7 +41,7 @@ use adjoint_runtime::vm::{Code, LocIndex};
 
 use super::{Ad, AdKind, AdRequest, Provenance, Rules};
 use crate::exec;
-use crate::ir::analysis::free_variables;
+use crate::ir::analysis::{free_variables, FreeVars};
 use crate::ir::{GraphId, Loc, Module, NodeId};
 
 /// The compiler's run-time differentiation of closures.
@@ -66,12 +66,24 @@ struct State {
     built: HashSet<GraphId>,
     lifts: HashMap<(GraphId, u8), GraphId>,
     requests: HashMap<(GraphId, String, String, i64), GraphId>,
+    /// The free variables of the module, computed when first needed after
+    /// the module last changed (every call of a transformed closure reads
+    /// them; only building a transform changes them).
+    fv: Option<FreeVars>,
 }
 
 impl State {
-    /// The transforms, working on this state's module.
+    /// The transforms, working on this state's module (which they change).
     fn ad(&mut self) -> Ad<'_> {
+        self.fv = None;
         Ad::new(&mut self.m, &self.rules, &self.effectful, &mut self.prov)
+    }
+
+    /// Makes sure `fv` is up to date.
+    fn refresh_fv(&mut self) {
+        if self.fv.is_none() {
+            self.fv = Some(free_variables(&self.m));
+        }
     }
 }
 
@@ -100,6 +112,7 @@ impl DynAd {
                 built: HashSet::new(),
                 lifts: HashMap::new(),
                 requests: HashMap::new(),
+                fv: None,
             }),
             codes: RwLock::new(Vec::new()),
             base: n_codes,
@@ -126,7 +139,8 @@ impl DynAd {
         if let Some(c) = st.code_of.get(&g) {
             return Ok(*c);
         }
-        let fv = free_variables(&st.m);
+        st.refresh_fv();
+        let fv = st.fv.as_ref().expect("refreshed");
         let mut codes = self.codes.write().unwrap_or_else(|e| e.into_inner());
         let mut locs = self.locs.write().unwrap_or_else(|e| e.into_inner());
         let next = self.base + codes.len() as u32;
@@ -134,7 +148,7 @@ impl DynAd {
         let new = exec::compile_more(
             &st.m,
             &[g],
-            &fv,
+            fv,
             &mut st.code_of,
             next,
             &mut locs,
@@ -192,8 +206,14 @@ impl DynAd {
     /// captured for it with the world that value is in (a transform
     /// built at compile time may capture a value as it is and lift it
     /// inside: that value lacks that transform).
-    fn peel(&self, st: &State, f: &Closure, world: &[u8]) -> Result<(GraphId, Vec<Entry>), String> {
-        let fv = free_variables(&st.m);
+    fn peel(
+        &self,
+        st: &mut State,
+        f: &Closure,
+        world: &[u8],
+    ) -> Result<(GraphId, Vec<Entry>), String> {
+        st.refresh_fv();
+        let fv = st.fv.as_ref().expect("refreshed");
         let mut g = Self::graph_of(st, f)?;
         let mut entries: Vec<Entry> = fv
             .get(g)
@@ -284,9 +304,10 @@ impl DynAd {
         entries: &[Entry],
         to: &[u8],
     ) -> Result<Vec<Value>, String> {
-        let fv = free_variables(&st.m);
+        st.refresh_fv();
+        let needed = st.fv.as_ref().expect("refreshed").get(t).to_vec();
         let mut captures = Vec::new();
-        for u in fv.get(t).to_vec() {
+        for u in needed {
             if let Some(x) = st.prov.placeholder_of.get(&u).copied() {
                 // The tangent of a captured value: zero unless the closure
                 // came with one.
