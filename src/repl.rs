@@ -94,6 +94,7 @@ impl Repl {
     /// compiler is reported as an internal error.
     fn handle(&mut self, input: &str, out: &mut dyn Write, err: &mut dyn Write) -> Flow {
         *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        adjoint_runtime::vm::clear_interrupt();
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.dispatch(input, out)));
         let _ = out.flush();
         match r {
@@ -826,6 +827,11 @@ pub fn run(mode: Mode) -> std::process::ExitCode {
         *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{msg}{at}"));
     }));
     let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        // Ctrl-C while an input runs stops it at its next call (while a
+        // line is edited, rustyline reads Ctrl-C as a key instead).
+        let _ = ctrlc::set_handler(adjoint_runtime::vm::request_interrupt);
+    }
     let mut lines: Box<dyn Lines> = match interactive.then(Terminal::new).flatten() {
         Some(t) => {
             println!(

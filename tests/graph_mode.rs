@@ -261,3 +261,73 @@ fn a_load_that_changed_since_compilation_is_an_error() {
     assert_eq!(String::from_utf8(out).unwrap(), "12.0\n");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A network whose layers are applied by a loop with a static trip count,
+/// and a recursive helper on a constant depth: both are unrolled, and the
+/// gradient through them (with the reverse-mode stack the loop threads)
+/// becomes one closure-free graph.
+const UNROLLED: &str = "\
+fn power(x, n) = if n == 0 { 1.0 } else { x * power(x, n - 1) }
+fn loss(w, x) {
+    let mut h = x;
+    for i in 0..4 {
+        h = tanh(h @ w + 0.1);
+    }
+    sum(h * h) + power(sum(w), 3)
+}
+fn main() {
+    let w = randn((8, 8), seed = 1) * 0.3;
+    let x = rand((5, 8), seed = 2);
+    let (l, g) = value_and_grad(loss)(w, x);
+    print(l, sum(g), sum(g * g));
+}
+";
+
+#[test]
+fn loops_with_static_trip_counts_unroll_to_a_closure_free_graph() {
+    let ir = assert_closure_free(
+        "unrolled.adj",
+        UNROLLED,
+        &["unwind", "ad_hide", "tuple_len"],
+    );
+    // Four forward products and, for each, two in the backward pass.
+    assert!(ir.matches("matmul(").count() >= 4 + 4, "{ir}");
+    assert_eq!(run(Mode::Graph, UNROLLED), run(Mode::Eager, UNROLLED));
+}
+
+/// A trip count beyond the unrolling limit keeps the loop.
+#[test]
+fn long_loops_stay_loops() {
+    let src = UNROLLED.replace("0..4", "0..100");
+    let s = Session::new(Mode::Graph)
+        .load_source("long.adj", &src)
+        .unwrap();
+    let ir = s.emit_opt(Some("main")).unwrap();
+    assert!(ir.contains("unwind"), "{ir}");
+    assert_eq!(run(Mode::Graph, &src), run(Mode::Eager, &src));
+}
+
+/// A recursive higher-order function called with a known function is
+/// specialised on it: the copy calls `step` directly (then inlines it), in
+/// the forward pass and in the gradient's.
+#[test]
+fn recursion_specialises_on_a_function_argument() {
+    let src = "\
+fn fold(f, acc, n) = if n == 0 { acc } else { fold(f, f(acc), n - 1) }
+fn step(x) = sin(x) * x + 0.5
+fn run(x) = fold(step, x, 100)
+fn main() {
+    print(run(0.3), grad(run)(0.3));
+}
+";
+    let s = Session::new(Mode::Graph)
+        .load_source("fold.adj", src)
+        .unwrap();
+    let ir = s.emit_opt(Some("main")).unwrap();
+    assert!(ir.contains("graph @\"fold[step]\"("), "{ir}");
+    assert!(ir.contains("graph @\"J.fold[J.step]\"("), "{ir}");
+    // No call of the function parameter is left.
+    assert!(!ir.contains("@fold("), "{ir}");
+    assert!(!ir.contains("@step("), "{ir}");
+    assert_eq!(run(Mode::Graph, src), run(Mode::Eager, src));
+}

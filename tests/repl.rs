@@ -290,6 +290,28 @@ fn hostile_input_never_ends_the_session() {
     assert!(errors >= 16, "{errors} errors:\n{r:?}");
 }
 
+/// `adjoint repl` in a pseudo-terminal with its history in `history`,
+/// at its first prompt; `None` (with a message) where no pseudo-terminal
+/// can be made.
+#[cfg(unix)]
+fn spawn_terminal(history: &std::path::Path) -> Option<expectrl::session::OsSession> {
+    use expectrl::Expect;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_adjoint"));
+    cmd.arg("repl")
+        .env("ADJOINT_HISTORY", history)
+        .env("TERM", "xterm");
+    let mut p = match expectrl::Session::spawn(cmd) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("skipped: no pseudo-terminal in this environment ({e})");
+            return None;
+        }
+    };
+    p.set_expect_timeout(Some(std::time::Duration::from_secs(60)));
+    p.expect("adjoint> ").expect("a prompt");
+    Some(p)
+}
+
 /// A pseudo-terminal session: prompts, line editing and history.
 #[cfg(unix)]
 #[test]
@@ -298,19 +320,9 @@ fn a_terminal_session_with_history() {
     let dir = std::env::temp_dir().join(format!("adjoint-repl-pty-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let history: PathBuf = dir.join("history");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_adjoint"));
-    cmd.arg("repl")
-        .env("ADJOINT_HISTORY", &history)
-        .env("TERM", "xterm");
-    let mut p = match expectrl::Session::spawn(cmd) {
-        Ok(p) => p,
-        Err(e) => {
-            println!("skipped: no pseudo-terminal in this environment ({e})");
-            return;
-        }
+    let Some(mut p) = spawn_terminal(&history) else {
+        return;
     };
-    p.set_expect_timeout(Some(std::time::Duration::from_secs(60)));
-    p.expect("adjoint> ").expect("a prompt");
     p.send_line("fn f(x) = sin(x) * x").unwrap();
     p.expect("adjoint> ").expect("a prompt after a definition");
     p.send_line("grad(f)(").unwrap();
@@ -328,4 +340,28 @@ fn a_terminal_session_with_history() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(saved.contains("fn f(x) = sin(x) * x"), "history: {saved:?}");
     assert!(saved.contains("1.2)"), "history: {saved:?}");
+}
+
+/// Ctrl-C stops an input that does not end, and the session goes on with
+/// its definitions.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_interrupts_a_running_input() {
+    use expectrl::{Expect, Regex};
+    let history = std::env::temp_dir().join("adjoint-repl-ctrlc-history");
+    let Some(mut p) = spawn_terminal(&history) else {
+        return;
+    };
+    p.send_line("fn spin(n) = if n < 0 { n } else { spin(n + 1) }")
+        .unwrap();
+    p.expect("adjoint> ").expect("a prompt after a definition");
+    p.send_line("spin(0)").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    p.send("\x03").unwrap();
+    p.expect("interrupted").expect("the input is interrupted");
+    p.expect("adjoint> ").expect("a prompt after the interrupt");
+    p.send_line("spin(-3) * 2").unwrap();
+    p.expect(Regex(r"-6")).expect("the session goes on");
+    p.send_line(":quit").unwrap();
+    p.expect(expectrl::Eof).expect("the REPL ends");
 }

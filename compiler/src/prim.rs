@@ -254,6 +254,9 @@ prims! {
     /// stack of backpropagators that reverse mode threads through a loop
     /// grows by one entry per iteration, which no static type describes.
     AdHide = "ad_hide", Struct, X, false, true;
+    /// `ones_like(y)` for a float scalar `y`, else an error: the seed of a
+    /// `grad` built at run time, where no type check ran.
+    GradSeed = "grad_seed", Create, X, false, false;
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;
     LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;

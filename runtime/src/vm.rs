@@ -229,6 +229,32 @@ impl Default for Limits {
     }
 }
 
+/// Set to stop every running program at its next call: a host that
+/// catches Ctrl-C (the REPL) sets it, and clears it before running more.
+static INTERRUPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks running programs to stop with an "interrupted" error at their next
+/// call (safe to call from a signal handler: one atomic store).
+pub fn request_interrupt() {
+    INTERRUPT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Withdraws an interrupt request (before running the next input).
+pub fn clear_interrupt() {
+    INTERRUPT.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn interrupted(loc: LocIndex) -> Result<(), VmError> {
+    if INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(VmError {
+            message: "interrupted".to_string(),
+            loc: Some(loc),
+            trace: Vec::new(),
+        });
+    }
+    Ok(())
+}
+
 /// Runs programs. Output of `print` goes to the writer given at creation.
 pub struct Vm<'a> {
     program: &'a Program,
@@ -457,6 +483,7 @@ impl<'a> Vm<'a> {
                     let f = read(frame, code, *callee);
                     let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
                     let (dst, loc) = (*dst, *loc);
+                    interrupted(loc)?;
                     if depth >= self.limits.max_depth {
                         return Err(VmError {
                             message: format!(
@@ -470,6 +497,7 @@ impl<'a> Vm<'a> {
                     self.push_frame(&f, values, Some(dst), Some(loc))?;
                 }
                 Instr::TailCall { callee, args, loc } => {
+                    interrupted(*loc)?;
                     let f = read(frame, code, *callee);
                     let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
                     let ret_dst = frame.ret_dst;

@@ -335,9 +335,7 @@ impl<'a> Ad<'a> {
                 let one = if self.lift_source {
                     // No type check runs on a request built at run time:
                     // a result that is not a scalar is an error here.
-                    let o = self.prim(t, Prim::OnesLike, &[y], loc);
-                    let scalar = self.konst(Const::Unit, loc);
-                    self.prim(t, Prim::Reshape, &[o, scalar], loc)
+                    self.prim(t, Prim::GradSeed, &[y], loc)
                 } else {
                     self.prim(t, Prim::OnesLike, &[y], loc)
                 };

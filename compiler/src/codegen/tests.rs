@@ -896,3 +896,39 @@ fn codegen_math_special_values() {
         }
     }
 }
+
+/// An f32 sum of many elements stays near the accuracy of a pairwise sum:
+/// blocks are short and their results are added in f64 (relative error
+/// against the exact sum of the f32 inputs, for positive data where the
+/// bound means something).
+#[test]
+fn codegen_f32_sums_are_accurate() {
+    let mut rng = Rng(11);
+    for n in [131_072usize, 1_000_003] {
+        let x: Vec<f64> = (0..n)
+            .map(|_| round(KDType::F32, rng.uniform(0.0, 1.0)))
+            .collect();
+        let mut bb = BodyBuilder::new();
+        let i = bb.input(0);
+        let spec = KernelSpec {
+            dtype: KDType::F32,
+            shape: vec![n],
+            inputs: vec![InputSpec::contiguous(&[n])],
+            body: bb.body,
+            outputs: vec![i],
+            reduce: Some(ReduceSpec {
+                op: ReduceOp::Sum,
+                axes: vec![0],
+                keepdims: false,
+            }),
+        };
+        let k = compile(&spec).unwrap();
+        let exact: f64 = x.iter().sum();
+        for par in [Parallelism::Serial, Parallelism::Auto] {
+            let got = run(&k, std::slice::from_ref(&x), par)[0][0];
+            let rel = ((got - exact) / exact).abs();
+            // A sequential f32 sum of this data is off by about 1e-4.
+            assert!(rel < 1e-7, "n = {n}: relative error {rel:e}");
+        }
+    }
+}

@@ -11,6 +11,7 @@
 //! forgets constants that vary, so that recursion on constant ints
 //! terminates.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -134,6 +135,26 @@ pub enum AbsVal {
 }
 
 impl AbsVal {
+    /// Adds to `out` the graph of every closure in the value, captured
+    /// closures included.
+    pub fn collect_graphs(&self, out: &mut HashSet<GraphId>) {
+        match self {
+            AbsVal::Func(cs) => {
+                for c in cs {
+                    if let Closure::Graph { graph, captures } = c {
+                        out.insert(*graph);
+                        for v in captures {
+                            v.collect_graphs(out);
+                        }
+                    }
+                }
+            }
+            AbsVal::Tuple(items) => items.iter().for_each(|v| v.collect_graphs(out)),
+            AbsVal::Record(fields) => fields.iter().for_each(|(_, v)| v.collect_graphs(out)),
+            _ => {}
+        }
+    }
+
     /// Whether the value has more than `limit` parts, counting every tensor,
     /// string, tuple, record, field, closure and captured value once. Stops
     /// counting past the limit.
@@ -197,6 +218,21 @@ impl AbsVal {
             AbsVal::Func(_) | AbsVal::Unknown => true,
             AbsVal::Tuple(items) => items.iter().any(AbsVal::has_function_or_unknown),
             AbsVal::Record(fields) => fields.iter().any(|(_, v)| v.has_function_or_unknown()),
+            _ => false,
+        }
+    }
+
+    /// Whether `Unknown` occurs in the value (captures of closures
+    /// included).
+    pub fn contains_unknown(&self) -> bool {
+        match self {
+            AbsVal::Unknown => true,
+            AbsVal::Tuple(items) => items.iter().any(AbsVal::contains_unknown),
+            AbsVal::Record(fields) => fields.iter().any(|(_, v)| v.contains_unknown()),
+            AbsVal::Func(cs) => cs.iter().any(|c| match c {
+                Closure::Graph { captures, .. } => captures.iter().any(AbsVal::contains_unknown),
+                Closure::Prim(_) => false,
+            }),
             _ => false,
         }
     }

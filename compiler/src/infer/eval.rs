@@ -26,7 +26,8 @@
 //! [`MAX_DEPTH`] is an error. Inference runs on a thread with a large
 //! stack, so that depth is safe.
 
-use std::collections::{BTreeSet, HashMap};
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::rc::Rc;
 
@@ -34,7 +35,7 @@ use super::domain::{generalize_all, join, AbsTensor, AbsVal, Closure, MAX_VALUE_
 use super::provenance;
 use super::rules::{self, Calls, RuleCtx, RuleError};
 use super::InferError;
-use crate::ir::analysis::{free_variables, graph_body_with, FreeVars};
+use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
 use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
 use crate::prim::Prim;
 use adjoint_runtime::tensor::DType;
@@ -117,6 +118,7 @@ pub struct Types {
     by_graph: HashMap<GraphId, Vec<SpecId>>,
     by_node: HashMap<NodeId, Vec<SpecId>>,
     entry: SpecId,
+    escaped: HashSet<GraphId>,
 }
 
 impl Types {
@@ -140,6 +142,16 @@ impl Types {
             .iter()
             .enumerate()
             .map(|(i, s)| (SpecId(i as u32), s))
+    }
+
+    /// Whether graph `g` may run on arguments inference did not see: a
+    /// closure of it was stored where inference cannot follow it (an
+    /// environment, a run-time transform, a captured closure nested too
+    /// deep), or it is reachable from such a graph. Its values hold only
+    /// for the calls inference saw, so rewrites must not specialise it on
+    /// them.
+    pub fn is_escaped(&self, g: GraphId) -> bool {
+        self.escaped.contains(&g)
     }
 
     /// The specialisations of graph `g` (none if it is never called).
@@ -260,6 +272,7 @@ fn run(
         frames: Vec::new(),
         in_progress: HashMap::new(),
         epoch: 0,
+        escaped: RefCell::new(HashSet::new()),
     };
     let graph = m.graph(entry);
     if args.len() != graph.params.len() {
@@ -336,6 +349,9 @@ struct Interp<'a> {
     /// For each graph, its specialisations in progress, outermost first.
     in_progress: HashMap<GraphId, Vec<usize>>,
     epoch: u64,
+    /// Graphs of closures that inference lost track of (see
+    /// [`Types::is_escaped`]).
+    escaped: RefCell<HashSet<GraphId>>,
 }
 
 impl<'a> Interp<'a> {
@@ -676,10 +692,14 @@ impl<'a> Interp<'a> {
                 // Closures that capture closures (backpropagators of loop
                 // iterations, say) could nest without end: past a small
                 // depth, a captured function is only known at run time.
-                let captures = captures
+                let truncated: Vec<AbsVal> = captures
                     .iter()
                     .map(|c| c.truncate_funcs(MAX_CLOSURE_DEPTH))
                     .collect();
+                if truncated != captures {
+                    self.lose(&captures, &truncated);
+                }
+                let captures = truncated;
                 Ok(AbsVal::Func(vec![Closure::Graph {
                     graph: *h,
                     captures,
@@ -838,7 +858,10 @@ impl<'a> Interp<'a> {
         let closures = match f {
             AbsVal::Func(cs) => cs,
             AbsVal::Bottom => return Ok((AbsVal::Bottom, Vec::new())),
-            AbsVal::Unknown => return Ok((AbsVal::Unknown, Vec::new())),
+            AbsVal::Unknown => {
+                self.lose(&args, &[]);
+                return Ok((AbsVal::Unknown, Vec::new()));
+            }
             other => {
                 return Err(InferError::new(
                     self.loc(site),
@@ -866,7 +889,26 @@ impl<'a> Interp<'a> {
                     let r = rules::apply(*p, &ctx, &args, &mut nested);
                     called.extend(nested.called);
                     match r {
-                        Ok(v) => results.push((v, None)),
+                        Ok(v) => {
+                            // A primitive whose result is (partly) of
+                            // unknown type may have stored the closures it
+                            // was given there (an environment, a run-time
+                            // transform): those are lost to inference, but
+                            // for the function `tree_map` calls where
+                            // inference sees it. Projections (`switch`,
+                            // `tuple_get`) lose nothing: what they do not
+                            // return is still where it was.
+                            let projection =
+                                matches!(p, Prim::Switch | Prim::TupleGet | Prim::RecordGet);
+                            if !projection && v.contains_unknown() {
+                                let mut out = vec![v.clone()];
+                                if *p == Prim::TreeMap {
+                                    out.push(args[0].clone());
+                                }
+                                self.lose(&args, &out);
+                            }
+                            results.push((v, None))
+                        }
                         Err(RuleError::Msg(msg)) => return Err(InferError::new(ctx.loc, msg)),
                         Err(RuleError::Nested(e)) => return Err(e),
                     }
@@ -891,6 +933,25 @@ impl<'a> Interp<'a> {
             }
         }
         Ok((acc, called))
+    }
+
+    /// Records as escaped the graphs of the closures in `before` that are
+    /// not in `after`: inference will not see where they are called.
+    fn lose(&self, before: &[AbsVal], after: &[AbsVal]) {
+        let mut had = HashSet::new();
+        for v in before {
+            v.collect_graphs(&mut had);
+        }
+        if had.is_empty() {
+            return;
+        }
+        let mut kept = HashSet::new();
+        for v in after {
+            v.collect_graphs(&mut kept);
+        }
+        self.escaped
+            .borrow_mut()
+            .extend(had.difference(&kept).copied());
     }
 
     /// The error for a call of a set of closures whose results do not join:
@@ -972,11 +1033,28 @@ impl<'a> Interp<'a> {
             }
             specs.push(spec);
         }
+        // Closures inference lost track of may be called with any
+        // arguments, and so may every graph they reach: what inference
+        // knows of those graphs holds only for the calls it saw.
+        let mut escaped: HashSet<GraphId> = HashSet::new();
+        let mut work: Vec<GraphId> = self.escaped.into_inner().into_iter().collect();
+        while let Some(g) = work.pop() {
+            if !escaped.insert(g) {
+                continue;
+            }
+            work.extend(reachable_graphs(self.m, &[g]));
+            for id in by_graph.get(&g).into_iter().flatten() {
+                for callees in specs[id.index()].calls.values() {
+                    work.extend(callees.iter().map(|c| specs[c.index()].graph));
+                }
+            }
+        }
         Types {
             specs,
             by_graph,
             by_node,
             entry: SpecId(0),
+            escaped,
         }
     }
 }

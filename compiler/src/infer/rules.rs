@@ -237,6 +237,15 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         }
         Prim::ZerosLike => fill_like(op, &args[0], 0),
         Prim::OnesLike => fill_like(op, &args[0], 1),
+        Prim::GradSeed => match &args[0] {
+            AbsVal::Tensor(t) if t.shape.is_empty() && t.dtype.is_float() => {
+                fill_like(op, &args[0], 1)
+            }
+            AbsVal::Unknown => Ok(AbsVal::Unknown),
+            other => fail(format!(
+                "`grad` needs the function to return a float scalar, but it returns {other}"
+            )),
+        },
         Prim::Arange => {
             // A negative length gives an empty range, as in the kernel; a
             // float length `n` gives `ceil(n)` floats.

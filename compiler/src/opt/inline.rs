@@ -9,7 +9,7 @@ use crate::ir::{Const, GraphId, NodeId};
 impl Rewriter<'_> {
     /// The graph `h` and the graphs nested in it (transitively: graphs with
     /// a free variable owned by one of them), parents before children.
-    fn nest(&self, h: GraphId) -> Vec<GraphId> {
+    pub(super) fn nest(&self, h: GraphId) -> Vec<GraphId> {
         let mut set = vec![h];
         let mut seen: HashSet<GraphId> = HashSet::from([h]);
         let mut i = 0;
@@ -56,7 +56,13 @@ impl Rewriter<'_> {
 
     /// Whether a call of `h` with `nargs` arguments may be inlined now.
     pub(super) fn can_inline(&self, h: GraphId, nargs: usize) -> bool {
-        if h.index() >= self.graphs_at_start || self.recursive.contains(&h) {
+        !self.recursive.contains(&h) && self.can_inline_body(h, nargs)
+    }
+
+    /// [`Self::can_inline`] but for recursion: whether copying `h` here is
+    /// possible and within the size limits.
+    pub(super) fn can_inline_body(&self, h: GraphId, nargs: usize) -> bool {
+        if h.index() >= self.graphs_at_start {
             return false;
         }
         let g = self.m.graph(h);
@@ -95,6 +101,18 @@ impl Rewriter<'_> {
         args: &[NodeId],
     ) -> NodeId {
         let site = self.m.node(call).loc;
+        self.inline_at(g, site, h, args)
+    }
+
+    /// [`Self::inline`] with the location of the call given: copied
+    /// standard-library nodes take it.
+    pub(super) fn inline_at(
+        &mut self,
+        g: GraphId,
+        site: crate::ir::Loc,
+        h: GraphId,
+        args: &[NodeId],
+    ) -> NodeId {
         let nest = self.nest(h);
         let mut nmap: HashMap<NodeId, NodeId> = HashMap::new();
         let mut gmap: HashMap<GraphId, GraphId> = HashMap::new();

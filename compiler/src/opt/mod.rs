@@ -30,7 +30,9 @@
 
 mod inline;
 mod simplify;
+mod specialize;
 mod typed;
+mod unroll;
 
 use std::collections::{HashMap, HashSet};
 
@@ -94,6 +96,11 @@ impl Default for Options {
 pub struct Stats {
     pub rounds: usize,
     pub inlined: usize,
+    /// Steps of recursion unrolled (calls of recursive graphs inlined).
+    pub unrolled: usize,
+    /// Calls redirected to a copy of the callee specialised on a
+    /// function-valued argument.
+    pub specialized: usize,
     pub simplified: usize,
     pub cse: usize,
     /// Live application nodes reachable from the roots, before and after.
@@ -114,6 +121,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
         .node_budget
         .min(m.nodes.len() + (stats.nodes_before as f64 * opts.growth) as usize + 20_000);
     let mut typed_passes = 0;
+    let mut memo = specialize::Memo::default();
     for _ in 0..opts.max_rounds {
         stats.rounds += 1;
         let (fv, graphs, bodies) = snapshot(m, roots);
@@ -133,6 +141,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             budget,
             changed: 0,
             stats: &mut stats,
+            memo: &mut memo,
         };
         for g in &graphs {
             for &n in &bodies[g] {
@@ -143,6 +152,9 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
         let changed = rw.changed;
         rw.apply_forwarding();
         detach_dead(m, roots);
+        if std::env::var_os("ADJOINT_OPT_DUMP").is_some() {
+            eprintln!("{}", crate::ir::print::print_module(m, roots, None));
+        }
         if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
             let (n, gs) = live_size(m, roots);
             eprintln!(
@@ -215,6 +227,7 @@ fn typed_pass(
     let (fv, graphs, bodies) = snapshot(m, roots);
     let recursive = HashSet::new();
     let graphs_at_start = m.graphs.len();
+    let mut memo = specialize::Memo::default();
     let mut rw = Rewriter {
         m,
         opts,
@@ -228,8 +241,21 @@ fn typed_pass(
         budget,
         changed: 0,
         stats,
+        memo: &mut memo,
     };
+    if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
+        let n = graphs.iter().filter(|g| types.is_escaped(**g)).count();
+        eprintln!(
+            "opt: typed pass skips {n} of {} graphs (escaped)",
+            graphs.len()
+        );
+    }
     for g in &graphs {
+        // Inference's values of an escaped graph hold only for the calls
+        // it saw; rewriting on them would specialise the graph for those.
+        if types.is_escaped(*g) {
+            continue;
+        }
         for &n in &bodies[g] {
             rw.visit_typed(*g, n, &types);
         }
@@ -359,6 +385,8 @@ pub(crate) struct Rewriter<'a> {
     pub budget: usize,
     pub changed: usize,
     pub stats: &'a mut Stats,
+    /// Specialisations made so far (they outlive a round).
+    pub memo: &'a mut specialize::Memo,
 }
 
 impl Rewriter<'_> {
@@ -391,10 +419,21 @@ impl Rewriter<'_> {
         }
         match self.m.as_const(resolved[0]).cloned() {
             Some(Const::Graph(h)) => {
-                if self.can_inline(h, resolved.len() - 1) {
+                let nargs = resolved.len() - 1;
+                if self.can_inline(h, nargs) {
                     let out = self.inline(g, n, h, &resolved[1..]);
                     self.stats.inlined += 1;
                     self.replace(g, n, out);
+                } else if self.recursive.contains(&h)
+                    && self.can_inline_body(h, nargs)
+                    && self.can_unroll(h, &resolved[1..])
+                {
+                    let out = self.inline(g, n, h, &resolved[1..]);
+                    self.stats.unrolled += 1;
+                    self.replace(g, n, out);
+                } else if let Some(by) = self.specialize(g, n, h, &resolved[1..]) {
+                    self.stats.specialized += 1;
+                    self.replace(g, n, by);
                 }
             }
             Some(Const::Prim(p)) => {

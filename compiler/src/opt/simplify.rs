@@ -85,7 +85,35 @@ impl Rewriter<'_> {
             }
             // After differentiation, stop_gradient is the identity.
             Prim::StopGradient if args.len() == 1 => Some(args[0]),
-            _ => None,
+            // tuple_len of a tuple built here (or of `()`).
+            Prim::TupleLen if args.len() == 1 => {
+                let t = self.see_through_hide(args[0]);
+                let len = match (self.m.as_const(t), self.m.applied_prim(t)) {
+                    (Some(Const::Unit), _) => 0,
+                    (_, Some(Prim::MakeTuple)) => self.m.inputs(t).len() - 1,
+                    _ => return None,
+                };
+                let loc = self.m.node(n).loc;
+                Some(self.m.add_const(Const::Int(len as i64), loc))
+            }
+            // Integer and boolean arithmetic on constants.
+            _ => {
+                let consts: Option<Vec<&Const>> =
+                    args.iter().map(|a| self.m.as_const(*a)).collect();
+                let c = super::unroll::fold_scalar(p, &consts?)?;
+                let loc = self.m.node(n).loc;
+                Some(self.m.add_const(c, loc))
+            }
+        }
+    }
+
+    /// `x` for `ad_hide(x)` (the identity, which only hides `x`'s type
+    /// from inference), else `t`.
+    fn see_through_hide(&self, t: NodeId) -> NodeId {
+        if self.m.applied_prim(t) == Some(Prim::AdHide) {
+            self.resolve(self.m.inputs(t)[1])
+        } else {
+            t
         }
     }
 
@@ -99,6 +127,11 @@ impl Rewriter<'_> {
                 (Const::Str(x), Const::Str(y)) => Some(x == y),
                 _ => None,
             }
+        };
+        let t = if p == Prim::TupleGet {
+            self.see_through_hide(t)
+        } else {
+            t
         };
         let ins = self.m.inputs(t).to_vec();
         match self.m.applied_prim(t)? {

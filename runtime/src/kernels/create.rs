@@ -74,6 +74,23 @@ pub fn ones_like(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     ))
 }
 
+/// `grad_seed(y)`: `ones_like(y)` for a float scalar `y`; the seed of a
+/// `grad` of a function value, whose result no type check saw.
+pub fn grad_seed(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    arity("grad_seed", args, 1)?;
+    match &args[0] {
+        Value::Tensor(t) if t.shape().is_empty() && t.dtype().is_float() => ones_like(ctx, args),
+        Value::Tensor(t) => Err(RtError::new(format!(
+            "`grad` needs the function to return a float scalar, but it returns {}; use `vjp` for functions with non-scalar results",
+            t.ty()
+        ))),
+        other => Err(RtError::new(format!(
+            "`grad` needs the function to return a float scalar, but it returns a {}",
+            other.kind()
+        ))),
+    }
+}
+
 /// `arange(n, dtype)`: `0, 1, .., n-1` (`ceil(n)` values for a float `n`).
 /// Default dtype: i64 for an int `n`, f32 for a float.
 pub fn arange(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {

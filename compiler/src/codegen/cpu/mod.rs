@@ -46,8 +46,8 @@
 //! accumulates in index order. `max` and `min` propagate NaN; which of two
 //! equal values (such as -0.0 and 0.0) they return is unspecified. A
 //! reduction to a single element is cut into blocks of [`SPLIT_BLOCK`]
-//! elements (fixed by the spec, not the thread count) whose results are
-//! combined in order; a reduction to a few elements (fewer than the
+//! elements ([`SPLIT_BLOCK_F32`] for f32; fixed by the spec, not the
+//! thread count) whose results are combined in order, in f64; a reduction to a few elements (fewer than the
 //! threads) uses at most that many threads.
 
 mod emit;
@@ -84,6 +84,11 @@ pub const PARALLEL_THRESHOLD: usize = 1 << 15;
 /// are reduced separately (in parallel when large) and their results
 /// combined in order.
 pub const SPLIT_BLOCK: usize = 1 << 16;
+
+/// [`SPLIT_BLOCK`] for f32: each block's accumulators then add up few
+/// enough elements that the rounding error of an f32 sum stays near that
+/// of a pairwise sum; the blocks' results are combined in f64.
+pub const SPLIT_BLOCK_F32: usize = 1 << 11;
 
 /// Why compiling or running a kernel failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -141,6 +146,10 @@ pub trait KernelElem: Copy + Send + Sync + 'static + private::Sealed {
     const DTYPE: KDType;
     /// `x` converted from f64.
     fn from_f64(x: f64) -> Self;
+    /// `self` converted to f64 (exactly).
+    fn to_f64(self) -> f64;
+    /// The elements per block of a reduction to one element.
+    const SPLIT_BLOCK: usize;
     /// `a op b` for combining partial reductions, with the compiled code's
     /// semantics (`max`/`min` propagate NaN).
     fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
@@ -165,6 +174,10 @@ impl KernelElem for f32 {
     fn from_f64(x: f64) -> Self {
         x as f32
     }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    const SPLIT_BLOCK: usize = SPLIT_BLOCK_F32;
     combine!();
 }
 
@@ -173,6 +186,10 @@ impl KernelElem for f64 {
     fn from_f64(x: f64) -> Self {
         x
     }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    const SPLIT_BLOCK: usize = SPLIT_BLOCK;
     combine!();
 }
 
@@ -698,7 +715,7 @@ impl CompiledKernel {
             unreachable!("split plans are inner reductions")
         };
         let extent = plan.par_extent();
-        let per = SPLIT_BLOCK.div_ceil(plan.inner_elements()).max(1);
+        let per = T::SPLIT_BLOCK.div_ceil(plan.inner_elements()).max(1);
         let blocks = extent.div_ceil(per);
         let base = Ptrs {
             inputs: inputs.iter().map(|x| x.as_ptr() as *const u8).collect(),
@@ -729,11 +746,13 @@ impl CompiledKernel {
                 block(j, out);
             }
         }
+        // Partial results are combined in f64 and rounded once.
         let total = partials
             .into_iter()
-            .reduce(|a, b| T::combine(op, a, b))
-            .unwrap_or(T::from_f64(op.identity()));
-        outputs[0][0] = total;
+            .map(T::to_f64)
+            .reduce(|a, b| f64::combine(op, a, b))
+            .unwrap_or(op.identity());
+        outputs[0][0] = T::from_f64(total);
         Ok(())
     }
 }
