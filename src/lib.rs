@@ -62,14 +62,28 @@ pub struct RunStats {
     pub kernels_in_place: usize,
 }
 
+/// One generated CUDA kernel ([`Session::cuda_kernels`]).
+#[derive(Clone, Debug)]
+pub struct CudaKernelSource {
+    /// What fusion grouped into it (as `--stage kernels` prints).
+    pub description: String,
+    /// The `extern "C"` entry point.
+    pub entry: String,
+    /// The CUDA C source, for NVRTC.
+    pub source: String,
+}
+
 /// Where programs run.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
 pub enum Device {
     /// The CPU: reference kernels and Cranelift-compiled fused kernels.
     #[default]
     Cpu,
-    /// An NVIDIA GPU. The CUDA back end is not built yet: asking for it is
-    /// an error of kind [`ErrorKind::DeviceUnavailable`].
+    /// The first NVIDIA GPU: graph mode's fused kernels run as CUDA
+    /// kernels compiled by NVRTC, matrix products through cuBLAS; other
+    /// primitives, and eager mode, stay on the CPU. Without a usable GPU
+    /// (no driver, no device, no NVRTC) [`Session::with_options`] fails
+    /// with [`ErrorKind::DeviceUnavailable`] and a one-line reason.
     Cuda,
 }
 
@@ -93,7 +107,7 @@ pub enum ErrorKind {
     /// The embedder asked for something that cannot be: a function that
     /// does not exist, the wrong number of arguments, a bad value.
     Usage,
-    /// The device asked for is not available in this build.
+    /// The device asked for is not available on this machine.
     DeviceUnavailable,
 }
 
@@ -275,10 +289,17 @@ struct Loaded {
     path: Option<PathBuf>,
     /// The executables compiled so far.
     cache: Mutex<HashMap<CacheKey, Arc<Executable>>>,
+    /// The GPU graph mode runs kernels on ([`Device::Cuda`]).
+    cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
 }
 
 impl Loaded {
-    fn load(name: String, text: String, path: Option<&Path>) -> Result<Loaded, SessionError> {
+    fn load(
+        name: String,
+        text: String,
+        path: Option<&Path>,
+        cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
+    ) -> Result<Loaded, SessionError> {
         let mut sources = SourceMap::new();
         let root = sources.add_file(name.clone(), text.clone());
         let loaded = with_stack(|| Program::load(&mut sources, root, path, &FsLoader));
@@ -287,7 +308,11 @@ impl Loaded {
                 // Graph mode specialises the program to the shapes of the
                 // .npy files it loads (read from their headers).
                 program.set_npy_types(Box::new(npy_header_type));
+                if let Some(dev) = &cuda {
+                    program.set_cuda_device(dev.clone());
+                }
                 Ok(Loaded {
+                    cuda,
                     program,
                     sources,
                     name,
@@ -347,6 +372,7 @@ pub struct Session {
     mode: Mode,
     device: Device,
     loaded: Option<Arc<Loaded>>,
+    cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
 }
 
 impl Session {
@@ -359,23 +385,25 @@ impl Session {
             mode,
             device: Device::Cpu,
             loaded: None,
+            cuda: None,
         }
     }
 
     /// A session with the given options; an error of kind
-    /// [`ErrorKind::DeviceUnavailable`] for a device this build cannot use.
+    /// [`ErrorKind::DeviceUnavailable`] for a device this machine cannot
+    /// use (its message says why, in one line).
     pub fn with_options(options: Options) -> Result<Session, SessionError> {
-        match options.device {
-            Device::Cpu => {}
-            Device::Cuda => {
-                return Err(SessionError::plain(
-                    "CUDA is not available in this build".into(),
+        let mut s = Session::new(options.mode);
+        if options.device == Device::Cuda {
+            let dev = adjoint_runtime::cuda::CudaDevice::open(0).map_err(|e| {
+                SessionError::plain(
+                    format!("cannot use CUDA: {}", e.message),
                     "<options>",
                     ErrorKind::DeviceUnavailable,
-                ))
-            }
+                )
+            })?;
+            s.cuda = Some(dev);
         }
-        let mut s = Session::new(options.mode);
         s.device = options.device;
         Ok(s)
     }
@@ -423,7 +451,7 @@ impl Session {
         text: String,
         path: Option<&Path>,
     ) -> Result<Session, SessionError> {
-        self.loaded = Some(Arc::new(Loaded::load(name, text, path)?));
+        self.loaded = Some(Arc::new(Loaded::load(name, text, path, self.cuda.clone())?));
         Ok(self)
     }
 
@@ -587,6 +615,42 @@ impl Session {
         for l in lines {
             out.push_str(&l);
             out.push('\n');
+        }
+        Ok(out)
+    }
+
+    /// The CUDA kernels graph mode generates for entry function `name`
+    /// (which takes no arguments): one per fused kernel, in plan order
+    /// (matrix products go to cuBLAS and have no source). Needs no GPU.
+    pub fn cuda_kernels(&self, name: &str) -> Result<Vec<CudaKernelSource>, SessionError> {
+        let p = self.program()?;
+        let roots = self.roots(Some(name))?;
+        if let Err(d) = with_stack(|| p.check()) {
+            return Err(self.error(d));
+        }
+        Ok(with_stack(|| {
+            let (m, _) = p.optimized(&roots);
+            p.fusion_plan(&m, roots[0])
+                .map(|plan| {
+                    adjoint_compiler::codegen::cuda::plan_sources(&plan)
+                        .into_iter()
+                        .map(|(description, k)| CudaKernelSource {
+                            description,
+                            entry: k.name,
+                            source: k.source,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        }))
+    }
+
+    /// [`Session::cuda_kernels`] as text (`adjoint emit --stage cuda`).
+    pub fn emit_cuda(&self, name: &str) -> Result<String, SessionError> {
+        let ks = self.cuda_kernels(name)?;
+        let mut out = format!("// {} CUDA kernels\n", ks.len());
+        for (i, k) in ks.iter().enumerate() {
+            out.push_str(&format!("\n// kernel {i}: {}\n{}", k.description, k.source));
         }
         Ok(out)
     }
@@ -909,7 +973,7 @@ impl Function {
             text.push('\n');
         }
         text.push_str(src);
-        let loaded = Loaded::load(l.name.clone(), text, l.path.as_deref())?;
+        let loaded = Loaded::load(l.name.clone(), text, l.path.as_deref(), l.cuda.clone())?;
         Function::new(Arc::new(loaded), wrapper, self.mode)
     }
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use adjoint::{Mode, Session, SessionError, Value};
+use adjoint::{Device, Mode, Options, Session, SessionError, Value};
 
 mod driver;
 mod host;
@@ -41,6 +41,15 @@ enum Stage {
     GradOpt,
     /// The kernels fusion compiles for `--fn F` (default `main`).
     Kernels,
+    /// The CUDA C source of those kernels (what `--device cuda` compiles
+    /// with NVRTC; no GPU needed to print it).
+    Cuda,
+}
+
+#[derive(Copy, Clone, ValueEnum, PartialEq)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
 }
 
 #[derive(Subcommand)]
@@ -52,6 +61,10 @@ enum Command {
         /// differentiated, one primitive at a time (for debugging).
         #[arg(long, value_enum, default_value = "graph")]
         mode: ModeArg,
+        /// Where graph mode's kernels run: `cuda` runs fused kernels and
+        /// matrix products on the first NVIDIA GPU.
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: DeviceArg,
         /// Print compile and run times, peak heap memory and kernel counts
         /// to stderr after the run.
         #[arg(long)]
@@ -63,6 +76,9 @@ enum Command {
     },
     /// Parse, lower and type-check a program without running it.
     Check { file: PathBuf },
+    /// List the devices programs can run on (the CPU, and CUDA GPUs when a
+    /// driver is present).
+    Devices,
     /// Print the value and gradient of function FN at a point.
     Grad {
         file: PathBuf,
@@ -167,6 +183,7 @@ fn run(cli: Cli) -> ExitCode {
         Command::Run {
             file,
             mode,
+            device,
             stats,
             plot,
         } => {
@@ -174,14 +191,22 @@ fn run(cli: Cli) -> ExitCode {
                 ModeArg::Eager => Mode::Eager,
                 ModeArg::Graph => Mode::Graph,
             };
+            let device = match device {
+                DeviceArg::Cpu => Device::Cpu,
+                DeviceArg::Cuda => {
+                    adjoint_runtime::cuda::nvrtc::set_cache_dir(ptx_cache_dir());
+                    Device::Cuda
+                }
+            };
             // Progress bars (on a terminal) and plots.
             adjoint_runtime::host::set_host(Some(Box::new(host::CliHost::new(plot))));
-            let r = run_file(&file, mode, stats);
+            let r = run_file(&file, mode, device, stats);
             // Dropping the host closes bars left open by an early return.
             adjoint_runtime::host::set_host(None);
             r
         }
         Command::Repl { .. } => Ok(()),
+        Command::Devices => write_stdout(&devices_text()),
         Command::Check { file } => Session::new(Mode::Eager)
             .load_file(&file)
             .and_then(|s| s.check()),
@@ -254,8 +279,53 @@ fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn run_file(file: &std::path::Path, mode: Mode, stats: bool) -> Result<(), SessionError> {
-    let session = Session::new(mode).load_file(file)?;
+/// What `adjoint devices` prints: the CPU, then each GPU or why there is
+/// none.
+fn devices_text() -> String {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut out = format!("cpu: {threads} threads (Cranelift kernels)\n");
+    match adjoint_runtime::cuda::devices() {
+        Ok(gpus) if gpus.is_empty() => out.push_str("cuda: none (the driver reports no GPU)\n"),
+        Ok(gpus) => {
+            let driver = adjoint_runtime::cuda::driver_version().unwrap_or_else(|| "?".into());
+            let nvrtc = match adjoint_runtime::cuda::nvrtc::version() {
+                Some((a, b)) => format!("NVRTC {a}.{b}"),
+                None => "NVRTC not found: --device cuda cannot compile kernels".into(),
+            };
+            for g in gpus {
+                out.push_str(&format!(
+                    "cuda:{}: {}, {:.1} GiB, compute capability {}.{}, {} SMs (driver {driver}, {nvrtc})\n",
+                    g.ordinal,
+                    g.name,
+                    g.total_memory as f64 / (1u64 << 30) as f64,
+                    g.compute_capability.0,
+                    g.compute_capability.1,
+                    g.multiprocessors
+                ));
+            }
+        }
+        Err(e) => out.push_str(&format!("cuda: none ({})\n", e.message)),
+    }
+    out
+}
+
+/// Where compiled PTX is kept between runs: `$XDG_CACHE_HOME/adjoint/ptx`,
+/// else `~/.cache/adjoint/ptx`.
+fn ptx_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("adjoint").join("ptx"))
+}
+
+fn run_file(
+    file: &std::path::Path,
+    mode: Mode,
+    device: Device,
+    stats: bool,
+) -> Result<(), SessionError> {
+    let session = Session::with_options(Options { mode, device })?.load_file(file)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if !stats {
@@ -321,7 +391,7 @@ fn emit(
                 (false, true) => s.emit_opt_dot(Some(driver::DRIVER))?,
             }
         }
-        Stage::Kernels | Stage::Ast if draw => {
+        Stage::Kernels | Stage::Cuda | Stage::Ast if draw => {
             return Err(SessionError::message(
                 "`--dot` draws the IR stages: ir, grad, opt and grad-opt".into(),
             ))
@@ -329,6 +399,9 @@ fn emit(
         Stage::Kernels => Session::new(Mode::Graph)
             .load_file(file)?
             .emit_kernels(function.unwrap_or("main"))?,
+        Stage::Cuda => Session::new(Mode::Graph)
+            .load_file(file)?
+            .emit_cuda(function.unwrap_or("main"))?,
         Stage::Opt if draw => Session::new(Mode::Graph)
             .load_file(file)?
             .emit_opt_dot(function)?,

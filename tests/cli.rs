@@ -576,3 +576,70 @@ fn emit_dot_draws_the_gradient_graphs() {
     );
     assert_fails(&bad, "", &["`--dot` draws the IR stages"]);
 }
+
+/// `adjoint devices` always lists the CPU, then the GPUs or, in one line,
+/// why there are none.
+#[test]
+fn devices_lists_the_cpu_and_cuda() {
+    let dir = Dir::new("devices");
+    let r = adjoint(&dir, &["devices"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert!(lines[0].starts_with("cpu: "), "{r:?}");
+    assert!(lines[0].ends_with(" threads (Cranelift kernels)"), "{r:?}");
+    match adjoint_runtime::cuda::devices() {
+        Ok(gpus) if !gpus.is_empty() => {
+            assert_eq!(lines.len(), 1 + gpus.len(), "{r:?}");
+            assert!(
+                lines[1].starts_with(&format!("cuda:0: {}", gpus[0].name)),
+                "{r:?}"
+            );
+        }
+        _ => {
+            assert_eq!(lines.len(), 2, "{r:?}");
+            assert!(lines[1].starts_with("cuda: none ("), "{r:?}");
+        }
+    }
+}
+
+/// `--device cuda` without a usable GPU: one line on stderr, status 1, no
+/// panic; with one, the program runs and prints what the CPU prints.
+#[test]
+fn run_on_cuda_without_a_gpu_is_one_clear_line() {
+    let dir = Dir::new("device-cuda");
+    dir.write("good.adj", GOOD);
+    let r = adjoint(&dir, &["run", "good.adj", "--device", "cuda"]);
+    let usable = adjoint_runtime::cuda::CudaDevice::open(0).is_ok();
+    if usable {
+        assert_succeeds(&r, GOOD_OUT);
+    } else {
+        assert_fails(&r, "", &["error: cannot use CUDA: "]);
+        assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+    }
+    // The CPU is the default, and can be named.
+    assert_succeeds(
+        &adjoint(&dir, &["run", "good.adj", "--device", "cpu"]),
+        GOOD_OUT,
+    );
+    // An unknown device is a usage error from the argument parser.
+    let r = adjoint(&dir, &["run", "good.adj", "--device", "tpu"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("invalid value 'tpu'"), "{r:?}");
+}
+
+/// `emit --stage cuda` prints the CUDA C of the fused kernels; no GPU is
+/// needed.
+#[test]
+fn emit_cuda_source() {
+    let dir = Dir::new("emit-cuda");
+    dir.write(
+        "k.adj",
+        "fn main() { let x = f32(randn([128, 64], seed = 1)); print(sum(exp(x) * 2.0)); }",
+    );
+    let r = adjoint(&dir, &["emit", "k.adj", "--stage", "cuda"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.starts_with("// 1 CUDA kernels\n"), "{r:?}");
+    assert!(r.stdout.contains("extern \"C\" __global__"), "{r:?}");
+    assert!(r.stdout.contains("expf(v0)"), "{r:?}");
+    assert!(r.stdout.contains("__shfl_down_sync"), "{r:?}");
+}

@@ -53,6 +53,8 @@ pub struct Program {
     /// The types of the data the program loads, when the embedder gave a
     /// way to know them (graph mode specialises to them).
     load_types: Option<Arc<LoadTypes>>,
+    /// The GPU graph mode's kernels run on, if not the CPU.
+    cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
 }
 
 impl Program {
@@ -102,7 +104,15 @@ impl Program {
             lowered,
             root,
             load_types: None,
+            cuda: None,
         })
+    }
+
+    /// Runs graph mode's kernels on a GPU: fused kernels through NVRTC,
+    /// matrix products through cuBLAS (`codegen::cuda::retarget`). Eager
+    /// mode and primitives outside kernels stay on the CPU.
+    pub fn set_cuda_device(&mut self, device: Arc<adjoint_runtime::cuda::CudaDevice>) {
+        self.cuda = Some(device);
     }
 
     /// Lets graph mode specialise the program to the data it loads:
@@ -464,6 +474,9 @@ impl Program {
                 let mut plan = self.fusion_plan_for(&m, main, args);
                 if let Some(p) = plan.as_mut() {
                     p.load_check = self.load_check();
+                    if let Some(dev) = &self.cuda {
+                        crate::codegen::cuda::retarget(&m, &[main], p, dev);
+                    }
                 }
                 if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
                     for line in plan.iter().flat_map(|p| p.describe()) {

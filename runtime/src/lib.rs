@@ -16,7 +16,9 @@
 //! - [`vm`]: the virtual machine; [`memory`]: allocator settings;
 //!   [`dynamic`]: the hook through which the compiler differentiates
 //!   function values at run time;
-//! - [`host`]: hooks the host program provides for progress bars and plots.
+//! - [`host`]: hooks the host program provides for progress bars and plots;
+//! - [`cuda`]: the GPU (driver, device memory, NVRTC, cuBLAS) through
+//!   `cudarc` with dynamic loading: builds with no CUDA installed.
 //!
 //! Calling a kernel directly:
 //!
@@ -47,6 +49,7 @@
 //! # Ok::<(), RtError>(())
 //! ```
 
+pub mod cuda;
 pub mod dtype;
 pub mod dynamic;
 pub mod error;

@@ -1,11 +1,12 @@
 //! Code generation for fused element-wise kernels.
 //!
-//! [`kernel`] describes a kernel (a map chain with at most one reduction);
-//! [`cpu`] compiles such a description to native code with Cranelift. A
-//! fusion pass over the IR will build the descriptions; for now tests and
-//! benchmarks build them by hand.
+//! [`kernel`] describes a kernel (a map chain with at most one reduction),
+//! which the fusion pass builds from the IR; [`cpu`] compiles such a
+//! description to native code with Cranelift, [`cuda`] to CUDA C for
+//! NVRTC (with cuBLAS for matrix products).
 
 pub mod cpu;
+pub mod cuda;
 pub mod kernel;
 
 #[cfg(test)]

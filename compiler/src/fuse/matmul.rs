@@ -96,7 +96,7 @@ impl MatmulKernel {
     /// The operand as a tensor and whether the product reads it with its
     /// last two axes swapped; `None` when only the reference kernels can
     /// tell (not a tensor, a bad permutation, another permutation).
-    fn operand(view: View, args: &[Value]) -> Option<(Tensor, bool)> {
+    pub(crate) fn operand(view: View, args: &[Value]) -> Option<(Tensor, bool)> {
         let Value::Tensor(x) = &args[0] else {
             return None;
         };

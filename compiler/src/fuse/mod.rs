@@ -28,6 +28,7 @@
 //! the transpose by reading its operand in place. A recomputed node that
 //! nothing else uses is *absorbed*: exec does not emit it.
 
+pub mod form;
 pub mod matmul;
 
 use std::collections::{HashMap, HashSet};
@@ -66,6 +67,9 @@ pub struct Group {
     pub kernel: Arc<dyn NativeKernel>,
     /// What the kernel does, for `--stage kernels`.
     pub description: String,
+    /// The kernel in device-independent form (what other back ends
+    /// compile: `codegen::cuda::retarget`).
+    pub form: form::KernelForm,
 }
 
 /// What fusion decided for a module.
@@ -406,6 +410,7 @@ fn matmul_groups(m: &Module, g: GraphId, body: &[NodeId], plan: &mut Plan) {
             recomputed,
             kernel: Arc::new(kernel),
             description,
+            form: form::KernelForm::Matmul(va, vb),
         });
     }
 }
@@ -1033,6 +1038,7 @@ fn build(
             n_outputs: outputs.len(),
         }),
         description,
+        form: form::KernelForm::Fused(spec),
     })
 }
 

@@ -1,0 +1,16 @@
+//! What a fusion group computes, independent of the back end that runs
+//! it: the CPU plan compiles these with Cranelift (and the reference
+//! `gemm`), and `codegen::cuda::retarget` compiles the same forms for a
+//! GPU.
+
+use super::matmul::View;
+use crate::codegen::kernel::KernelSpec;
+
+/// A group's kernel before code generation.
+#[derive(Clone, Debug)]
+pub enum KernelForm {
+    /// An element-wise chain, possibly closed by a reduction.
+    Fused(KernelSpec),
+    /// `matmul(view_a(..), view_b(..))`.
+    Matmul(View, View),
+}
