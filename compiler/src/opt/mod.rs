@@ -315,7 +315,7 @@ fn recursive_graphs(
 /// Detaches application nodes that no reachable graph's output depends on
 /// (they would otherwise still count as uses when free variables are
 /// computed), and the nodes of unreachable graphs.
-fn detach_dead(m: &mut Module, roots: &[GraphId]) {
+pub(crate) fn detach_dead(m: &mut Module, roots: &[GraphId]) {
     for _ in 0..4 {
         let fv = free_variables(m);
         let mut live: HashSet<NodeId> = HashSet::new();
