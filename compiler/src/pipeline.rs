@@ -327,9 +327,9 @@ impl Program {
         if uses_dynamic_ad(&m, &roots) {
             roots.extend(self.rule_graphs());
         }
-        let stats = crate::opt::optimize(&mut m, &roots, &opts);
+        let mut stats = crate::opt::optimize(&mut m, &roots, &opts);
         if let Some((g, args)) = &opts.entry {
-            self.rewrite(&mut m, *g, args);
+            stats.rewrite = self.rewrite(&mut m, *g, args);
         }
         (m, stats)
     }
@@ -337,7 +337,12 @@ impl Program {
     /// Equality-saturation rewriting ([`crate::rewrite`]) of the optimised
     /// module `m`, typed from `entry` called with `args` (the IO token
     /// included); nothing when inference fails on it.
-    fn rewrite(&self, m: &mut crate::ir::Module, entry: GraphId, args: &[crate::infer::AbsVal]) {
+    fn rewrite(
+        &self,
+        m: &mut crate::ir::Module,
+        entry: GraphId,
+        args: &[crate::infer::AbsVal],
+    ) -> Option<crate::rewrite::Stats> {
         let load_type = self.load_type_fn();
         let iopts = crate::infer::InferOptions {
             only_taken_branches: true,
@@ -351,7 +356,7 @@ impl Program {
                 if trace {
                     eprintln!("egg: inference of the optimised module failed: {e}");
                 }
-                return;
+                return None;
             }
         };
         let stats = crate::rewrite::rewrite(m, &[entry], &types, &Default::default());
@@ -360,6 +365,7 @@ impl Program {
                 eprintln!("egg: {line}");
             }
         }
+        Some(stats)
     }
 
     /// The graphs of the derivative rules.

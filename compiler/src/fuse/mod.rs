@@ -410,7 +410,6 @@ fn epilogue_groups(
     use epilogue::{Act, EpilogueKernel};
     let m = cx.m;
     let g = cx.graph;
-    let pos: HashMap<NodeId, usize> = body.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let in_graph = |x: NodeId| m.node(x).graph == Some(g);
     for &n in body {
         if m.applied_prim(n) != Some(Prim::Matmul) || plan.member_of.contains_key(&n) {
@@ -452,8 +451,9 @@ fn epilogue_groups(
             let other = if uin[0] == n { uin[1] } else { uin[0] };
             let row = tensor_type(cx.types, other)
                 .is_some_and(|(s, d, w)| s == [shape[1]] && d == dtype && !w);
-            let before = pos.get(&other).is_none_or(|p| *p < pos[&n]);
-            if other != n && row && before && same_type(u) && !plan.member_of.contains_key(&u) {
+            let independent = !reaches(m, g, other, n);
+            if other != n && row && independent && same_type(u) && !plan.member_of.contains_key(&u)
+            {
                 bias = Some(other);
                 members.push(u);
                 cur = u;
@@ -517,6 +517,28 @@ fn epilogue_groups(
             description,
         });
     }
+}
+
+/// Whether `from` may depend on `to` through the operands of nodes of
+/// graph `g` (a call of a graph counts as depending on anything: its
+/// closure may capture `to`).
+fn reaches(m: &Module, g: GraphId, from: NodeId, to: NodeId) -> bool {
+    let mut stack = vec![from];
+    let mut seen = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if x == to {
+            return true;
+        }
+        if !seen.insert(x) || m.node(x).graph != Some(g) {
+            continue;
+        }
+        let ins = m.inputs(x);
+        if let Some(Const::Graph(_)) = ins.first().and_then(|c| m.as_const(*c)) {
+            return true;
+        }
+        stack.extend_from_slice(ins);
+    }
+    false
 }
 
 /// What the element-wise grouping of one graph reads.

@@ -102,6 +102,9 @@ pub struct Stats {
     /// Graphs reachable from the roots, before and after.
     pub graphs_before: usize,
     pub graphs_after: usize,
+    /// What the egg rewrites did after the optimiser (when the entry's
+    /// types were known; see [`crate::rewrite`]).
+    pub rewrite: Option<crate::rewrite::Stats>,
 }
 
 /// Optimises the graphs reachable from `roots` in place.

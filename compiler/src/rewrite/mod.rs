@@ -62,7 +62,7 @@ impl Default for Options {
 }
 
 /// What the pass did to one graph.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GraphReport {
     pub graph: String,
     /// Lowered nodes (the region).
@@ -79,7 +79,7 @@ pub struct GraphReport {
 }
 
 /// What the pass did.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     pub graphs: Vec<GraphReport>,
     pub time: Duration,
@@ -96,7 +96,6 @@ impl Stats {
         let mut out: Vec<String> = self
             .graphs
             .iter()
-            .filter(|g| !g.fired.is_empty())
             .map(|g| {
                 let fired: Vec<String> = g.fired.iter().map(|(r, n)| format!("{r}×{n}")).collect();
                 format!(

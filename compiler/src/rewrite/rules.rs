@@ -161,6 +161,28 @@ pub const RULES: &[RuleDef] = &[
         Build(sum_broadcast_scalar),
     ),
     rule("sum-to-same", AdCleanup, "(sum_to ?x ?t)", Pat("?x")),
+    // The derivative of a subtraction negates a cotangent that is then
+    // summed down: negate the (smaller) sum instead. Rounding is
+    // symmetric, so the sum of the negated terms is the negated sum, in
+    // any order of summation.
+    rule(
+        "sum-to-neg",
+        AdCleanup,
+        "(sum_to (neg ?x) ?t)",
+        Pat("(neg (sum_to ?x ?t))"),
+    ),
+    rule(
+        "sum-neg",
+        AdCleanup,
+        "(sum (neg ?x) ?a)",
+        Pat("(neg (sum ?x ?a))"),
+    ),
+    rule(
+        "sumk-neg",
+        AdCleanup,
+        "(sumk (neg ?x) ?a)",
+        Pat("(neg (sumk ?x ?a))"),
+    ),
     // ---- layout: moves of elements, which never change a value ----
     rule(
         "transpose-transpose",
@@ -188,6 +210,14 @@ pub const RULES: &[RuleDef] = &[
         Pat("(broadcast ?x ?b)"),
     ),
     rule("broadcast-same", Layout, "(broadcast ?x ?s)", Pat("?x")),
+    // A reshape that only puts axes of size 1 in front is what
+    // broadcasting does anyway (the mean's derivative makes these).
+    rule(
+        "broadcast-unit-reshape",
+        Layout,
+        "(broadcast (reshape ?x ?a) ?b)",
+        Build(broadcast_unit_reshape),
+    ),
     // (AB)ᵀ = BᵀAᵀ for matrices, in both directions: extraction picks the
     // form that moves fewer bytes. Each element is the same products
     // summed in the same order over k.
@@ -252,6 +282,18 @@ fn sum_broadcast_scalar(g: &mut MetaGraph, s: &Subst) -> Option<Id> {
         return None;
     }
     times(g, x, to.iter().product())
+}
+
+fn broadcast_unit_reshape(g: &mut MetaGraph, s: &Subst) -> Option<Id> {
+    let x = s[var("?x")];
+    let xs = shape_of(g, x)?;
+    let a = dims_of(g, s[var("?a")])?;
+    let lead = a.len().checked_sub(xs.len())?;
+    if a[..lead].iter().any(|d| *d != 1) || a[lead..] != xs[..] {
+        return None;
+    }
+    let b = s[var("?b")];
+    Some(g.add(Meta::Broadcast([x, b])))
 }
 
 fn transpose_transpose(g: &mut MetaGraph, s: &Subst) -> Option<Id> {

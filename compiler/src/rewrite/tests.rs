@@ -58,6 +58,14 @@ const TABLE: &[(&str, &str, &str)] = &[
         "(mul s 12.0)",
     ),
     ("sum-to-same", "(sum_to x [4,3])", "x"),
+    ("sum-to-neg", "(sum_to (neg x) [3])", "(neg (sum_to x [3]))"),
+    ("sum-neg", "(sum (neg x) [0])", "(neg (sum x [0]))"),
+    ("sumk-neg", "(sumk (neg x) [1])", "(neg (sumk x [1]))"),
+    (
+        "broadcast-unit-reshape",
+        "(broadcast (reshape v [1,3]) [4,3])",
+        "(broadcast v [4,3])",
+    ),
     (
         "transpose-transpose",
         "(transpose (transpose x [1,0]) [1,0])",
@@ -112,6 +120,8 @@ const UNCHANGED: &[&str] = &[
     "(neg (sub x y))",
     // A transpose of a square matrix keeps its shape, not its elements.
     "(transpose (reshape x [3,4]) [1,0])",
+    // This reshape moves elements to other rows: not a broadcast.
+    "(broadcast (reshape x [3,4]) [2,3,4])",
 ];
 
 struct Outcome {
@@ -216,4 +226,89 @@ fn sum_of_broadcast_matches_the_reference_kernels() {
     let got = s.slice::<f32>().unwrap().to_vec();
     let want: Vec<f32> = xs.iter().map(|v| v * 7.0).collect();
     assert_eq!(got, want);
+}
+
+/// Whole programs through the pipeline: the rewrites run after the
+/// optimiser, and what the program prints does not change.
+mod programs {
+    use crate::lower::SourceLoader;
+    use crate::pipeline::{Mode, Program};
+    use adjoint_lang::SourceMap;
+
+    struct NoFiles;
+    impl SourceLoader for NoFiles {
+        fn load(&self, _: &std::path::Path) -> std::io::Result<String> {
+            Err(std::io::ErrorKind::NotFound.into())
+        }
+    }
+
+    fn load(src: &str) -> Program {
+        let mut sources = SourceMap::new();
+        let root = sources.add_file("t.adj", src);
+        Program::load(&mut sources, root, None, &NoFiles).unwrap_or_else(|d| panic!("{d:?}"))
+    }
+
+    fn run(p: &Program, mode: Mode) -> String {
+        let mut out = Vec::new();
+        p.run_main(mode, &mut out)
+            .unwrap_or_else(|d| panic!("{d:?}"));
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn rules_fire_in_a_program_and_values_stay() {
+        let p = load(
+            "fn main() {
+    let x = randn([64, 48], seed = 1);
+    let y = transpose(transpose(x)) * 1.0;
+    let z = -(-(y / 1.0));
+    print(sum(z, axis = 0)[3], sum(x - -z));
+}
+",
+        );
+        let main = p.function("main").unwrap();
+        let (m, stats) = p.optimized(&[main]);
+        let rw = stats.rewrite.expect("the rewrites ran");
+        let fired: Vec<&str> = rw
+            .graphs
+            .iter()
+            .flat_map(|g| g.fired.iter().map(|f| f.0))
+            .collect();
+        for r in [
+            "transpose-transpose",
+            "mul-one",
+            "div-one",
+            "neg-neg",
+            "sub-neg",
+        ] {
+            assert!(fired.contains(&r), "{r} did not fire: {:?}", rw.describe());
+        }
+        let ir = crate::ir::print::print_module(&m, &[main], None);
+        for gone in ["transpose(", "neg(", "div("] {
+            assert!(!ir.contains(gone), "{gone} left in\n{ir}");
+        }
+        assert_eq!(run(&p, Mode::Graph), run(&p, Mode::Eager));
+    }
+
+    #[test]
+    fn the_mlp_training_step_is_rewritten() {
+        let p = load(&format!(
+            "{}\nfn main() {{ run(2) }}\n",
+            include_str!("../../../benches/programs/mlp.adj")
+        ));
+        let main = p.function("main").unwrap();
+        let (_, stats) = p.optimized(&[main]);
+        let rw = stats.rewrite.expect("the rewrites ran");
+        let lines = rw.describe();
+        let body = rw
+            .graphs
+            .iter()
+            .find(|g| g.graph == "run.body")
+            .expect("the loop body");
+        // The training step's tensor code is lowered; the loss's
+        // derivative negates cotangents before summing them down.
+        assert!(body.region > 50, "{lines:?}");
+        assert!(body.fired.iter().any(|f| f.0 == "sum-to-neg"), "{lines:?}");
+        assert!(body.replaced > 0, "{lines:?}");
+    }
 }
