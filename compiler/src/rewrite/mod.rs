@@ -97,7 +97,11 @@ impl Stats {
             .graphs
             .iter()
             .map(|g| {
-                let fired: Vec<String> = g.fired.iter().map(|(r, n)| format!("{r}×{n}")).collect();
+                let mut fired: Vec<String> =
+                    g.fired.iter().map(|(r, n)| format!("{r}×{n}")).collect();
+                if fired.is_empty() {
+                    fired.push("nothing".to_string());
+                }
                 format!(
                     "@{}: {} nodes lowered, {} replaced; {} iterations, {} e-nodes, {} ({:.2?}); fired {}",
                     g.graph,
