@@ -605,6 +605,11 @@ impl Writer<'_, '_> {
             }
             Meta::ZerosLike(_) => m.add_prim(g, Prim::ZerosLike, &[k(0)], loc),
             Meta::OnesLike(_) => m.add_prim(g, Prim::OnesLike, &[k(0)], loc),
+            // A swap of the last two axes is written `mT`, as
+            // differentiation writes it.
+            Meta::Transpose([_, d]) if is_matrix_t(&self.dims_of(*d)?) => {
+                m.add_prim(g, Prim::MatrixT, &[k(0)], loc)
+            }
             Meta::Broadcast([_, d]) | Meta::Reshape([_, d]) | Meta::Transpose([_, d]) => {
                 let p = match node {
                     Meta::Broadcast(_) => Prim::BroadcastTo,
@@ -626,6 +631,15 @@ impl Writer<'_, '_> {
             Meta::Matmul(_) => m.add_prim(g, Prim::Matmul, &[k(0), k(1)], loc),
         })
     }
+}
+
+/// Whether permutation `p` swaps the last two axes and keeps the others.
+fn is_matrix_t(p: &[usize]) -> bool {
+    let n = p.len();
+    n >= 2
+        && p[n - 2] == n - 1
+        && p[n - 1] == n - 2
+        && p[..n - 2].iter().enumerate().all(|(i, a)| i == *a)
 }
 
 /// A `make_tuple` of int constants.
