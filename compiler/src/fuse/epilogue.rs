@@ -2,23 +2,25 @@
 //! activation, as one native kernel.
 //!
 //! `act(a @ b + bias)` — a dense layer — otherwise runs as a product and
-//! an element-wise kernel: the product is written to memory, then read
-//! back, and the result written again. Here one kernel computes the
-//! product in panels of rows, split over the threads, and adds the bias
-//! row and applies the activation to each panel as soon as it is written,
-//! while it is still in cache: the result goes to memory once. When the
-//! value before the activation is used too (reverse mode keeps it for the
-//! activation's derivative), the kernel returns both.
+//! an element-wise kernel: two native calls, the second reading the
+//! product back from memory. Here one kernel computes the product and
+//! then, in place over the product's buffer, in chunks of rows small
+//! enough for the cache and split over the threads, adds the bias row and
+//! applies the activation. When the value before the activation is used
+//! too (reverse mode keeps it for the activation's derivative), the kernel
+//! returns both.
 //!
-//! Every element of the product is summed in the order the `matmul`
-//! kernel sums it (`gemm`'s order depends only on the inner dimension),
-//! and the bias and activation are the reference kernels' scalar
-//! functions, so results are those of eager mode, bit for bit (tests
-//! check it). Shapes where `gemm` would take another path fall back to the
-//! whole product, then the bias and activation in place over it.
+//! The product is the `matmul` kernel's (the same `gemm` call, so the
+//! same order of summation), and the bias and activation are the
+//! reference kernels' scalar functions, so results are those of eager
+//! mode, bit for bit (a test checks it).
+//!
+//! Computing the product in panels of rows, each finished by the
+//! epilogue while in cache, was tried and measured slower here: each
+//! panel's `gemm` call packs the whole right operand again (see
+//! `docs/benchmarks.md`).
 
 use adjoint_runtime::error::RtError;
-use adjoint_runtime::kernels::linalg::{self, Layout};
 use adjoint_runtime::kernels::num::{Float, Num};
 use adjoint_runtime::tensor::{DType, Element, Tensor};
 use adjoint_runtime::value::Value;
@@ -171,104 +173,6 @@ impl EpilogueKernel {
     }
 }
 
-impl EpilogueKernel {
-    /// The product computed in panels of rows with the bias and the
-    /// activation applied to each panel while it is in cache
-    /// ([`linalg::matmul_panels`]); `None` when the operands are not
-    /// matrices of the kernel's dtype or the shapes are not ones where the
-    /// panels sum as the `matmul` kernel does (then the whole product is
-    /// computed first).
-    fn in_panels(&self, args: &[Value], bias: Option<&Tensor>) -> Result<Option<Value>, RtError> {
-        let (va, vb) = self.product.views();
-        let na = va.arity();
-        let (Some((a, ta)), Some((b, tb))) = (
-            MatmulKernel::operand(va, &args[..na]),
-            MatmulKernel::operand(vb, &args[na..]),
-        ) else {
-            return Ok(None);
-        };
-        let d = self.dtype;
-        if a.dtype() != d || b.dtype() != d || a.ndim() != 2 || b.ndim() != 2 {
-            return Ok(None);
-        }
-        let dims = |x: &Tensor, t: bool| {
-            let s = x.shape();
-            if t {
-                (s[1], s[0])
-            } else {
-                (s[0], s[1])
-            }
-        };
-        let ((m, k), (k2, n)) = (dims(&a, ta), dims(&b, tb));
-        if k != k2 || bias.is_some_and(|x| x.dtype() != d || x.shape() != [n]) {
-            return Ok(None);
-        }
-        let layout = |t: bool| if t { Layout::Transposed } else { Layout::Plain };
-        let (la, lb) = (layout(ta), layout(tb));
-        match d {
-            DType::F32 => self.panels_of::<f32>(m, k, n, (&a, la), (&b, lb), bias),
-            DType::F64 => self.panels_of::<f64>(m, k, n, (&a, la), (&b, lb), bias),
-            _ => Ok(None),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn panels_of<T: Num + Float + Element + Send + Sync>(
-        &self,
-        m: usize,
-        k: usize,
-        n: usize,
-        (a, la): (&Tensor, Layout),
-        (b, lb): (&Tensor, Layout),
-        bias: Option<&Tensor>,
-    ) -> Result<Option<Value>, RtError> {
-        fn buf<T: Element>(x: &Tensor) -> Result<&[T], RtError> {
-            x.slice::<T>()
-                .ok_or_else(|| RtError::internal("epilogue: operand buffer"))
-        }
-        let (av, bv) = (buf::<T>(a)?, buf::<T>(b)?);
-        let bias: Option<&[T]> = bias.map(buf::<T>).transpose()?;
-        let keep = self.keep_pre;
-        let act = self.act;
-        // The activations, when the sum before them is an output too.
-        let mut h: Vec<T> = Vec::with_capacity(if keep { m * n } else { 0 });
-        let h_addr = h.as_mut_ptr() as usize;
-        let after = |r0: usize, z: &mut [T]| {
-            if let Some(bs) = bias {
-                for row in z.chunks_mut(n) {
-                    for (x, bv) in row.iter_mut().zip(bs) {
-                        *x = x.add(*bv);
-                    }
-                }
-            }
-            match act {
-                Some(f) if keep => {
-                    let hp = (h_addr as *mut T).wrapping_add(r0 * n);
-                    for (i, x) in z.iter().enumerate() {
-                        // SAFETY: `h` has room for m×n elements, and the
-                        // panel starting at row r0 owns elements
-                        // r0·n .. r0·n + z.len() of it alone.
-                        unsafe { hp.add(i).write(f.apply(*x)) };
-                    }
-                }
-                Some(f) => z.iter_mut().for_each(|x| *x = f.apply(*x)),
-                None => {}
-            }
-        };
-        let Some(z) = linalg::matmul_panels(m, k, n, av, la, bv, lb, &after) else {
-            return Ok(None);
-        };
-        let z = Tensor::from_vec(z, &[m, n])?;
-        if !keep {
-            return Ok(Some(Value::Tensor(z)));
-        }
-        // SAFETY: every panel wrote its rows of `h`: all m×n elements.
-        unsafe { h.set_len(m * n) };
-        let h = Tensor::from_vec(h, &[m, n])?;
-        Ok(Some(Value::tuple(vec![Value::Tensor(z), Value::Tensor(h)])))
-    }
-}
-
 impl NativeKernel for EpilogueKernel {
     fn name(&self) -> &str {
         &self.name
@@ -283,16 +187,14 @@ impl NativeKernel for EpilogueKernel {
                 args.len()
             )));
         }
-        let bias = match if self.bias { args.pop() } else { None } {
+        let bias = if self.bias { args.pop() } else { None };
+        let Value::Tensor(p) = self.product.call(args)? else {
+            return Err(RtError::internal("epilogue: the product is not a tensor"));
+        };
+        let bias = match bias {
             Some(Value::Tensor(b)) => Some(b),
             Some(_) => return Err(RtError::internal("epilogue: the bias is not a tensor")),
             None => None,
-        };
-        if let Some(v) = self.in_panels(&args, bias.as_ref())? {
-            return Ok(v);
-        }
-        let Value::Tensor(p) = self.product.call(args)? else {
-            return Err(RtError::internal("epilogue: the product is not a tensor"));
         };
         // Fusion checked the types at compile time; anything else runs as
         // the reference kernels would.
@@ -410,18 +312,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The dense layers of the MLP benchmark take the panel path.
-    #[test]
-    fn mlp_layers_are_computed_in_panels() {
-        let a = vec![0.5f32; 128 * 784];
-        let b = vec![0.25f32; 784 * 512];
-        let rows = std::sync::Mutex::new(0);
-        let after = |_: usize, z: &mut [f32]| *rows.lock().unwrap() += z.len() / 512;
-        let p = linalg::matmul_panels(128, 784, 512, &a, Layout::Plain, &b, Layout::Plain, &after);
-        assert!(p.is_some_and(|p| p.iter().all(|x| *x == 98.0)));
-        assert_eq!(*rows.lock().unwrap(), 128);
     }
 
     /// A transposed operand read in place gives the same values.

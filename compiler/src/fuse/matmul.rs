@@ -118,15 +118,10 @@ impl MatmulKernel {
         self.a.arity() + self.b.arity()
     }
 
-    /// How the kernel reads its two operands.
-    pub fn views(&self) -> (View, View) {
-        (self.a, self.b)
-    }
-
     /// The operand as a tensor and whether the product reads it with its
     /// last two axes swapped; `None` when only the reference kernels can
     /// tell (not a tensor, a bad permutation, another permutation).
-    pub fn operand(view: View, args: &[Value]) -> Option<(Tensor, bool)> {
+    fn operand(view: View, args: &[Value]) -> Option<(Tensor, bool)> {
         let Value::Tensor(x) = &args[0] else {
             return None;
         };

@@ -104,62 +104,6 @@ fn gemm_float<T: Num>(
     }
 }
 
-/// `a · b` of float matrices (`m×k`, stored plainly, and `k×n`, plainly
-/// or transposed), computed in panels of rows: `after(first_row, panel)`
-/// runs on each panel as soon as it is written, while it is in cache, and
-/// the panels are split over the threads. Every element is summed in the
-/// order the `matmul` kernel sums it (`gemm`'s order depends only on `k`),
-/// so the product is that kernel's, bit for bit; `None` when the shapes
-/// are not ones where that holds (see [`layout_independent`]).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_panels<T: Num + Send + Sync>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[T],
-    la: Layout,
-    b: &[T],
-    lb: Layout,
-    after: &(dyn Fn(usize, &mut [T]) + Sync),
-) -> Option<Vec<T>> {
-    use rayon::prelude::*;
-    if !T::DTYPE.is_float() || la != Layout::Plain || a.len() < m * k || b.len() < k * n {
-        return None;
-    }
-    let threads = rayon::current_num_threads().max(1);
-    // About 256 KiB of output per panel, at least one panel per thread,
-    // rows in multiples of 16.
-    let target = (256 * 1024 / (n.max(1) * std::mem::size_of::<T>())).max(16);
-    let rows = (target.min(m.div_ceil(threads)).div_ceil(16) * 16).max(16);
-    let panels: Vec<usize> = (0..m).step_by(rows).collect();
-    let independent = |r0: usize| layout_independent(rows.min(m - r0), k, n);
-    if !layout_independent(m, k, n) || !panels.iter().all(|r0| independent(*r0)) {
-        return None;
-    }
-    let mut out: Vec<T> = Vec::with_capacity(m * n);
-    let one = |r0: usize, d: &mut [std::mem::MaybeUninit<T>]| {
-        let r = d.len() / n;
-        let a = &a[r0 * k..(r0 + r) * k];
-        gemm_float(r, k, n, a, Layout::Plain, b, lb, d, Parallelism::None);
-        // SAFETY: `gemm_float` wrote every element of `d`.
-        let d = unsafe { std::slice::from_raw_parts_mut(d.as_mut_ptr() as *mut T, d.len()) };
-        after(r0, d);
-    };
-    let dst = &mut out.spare_capacity_mut()[..m * n];
-    if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_FLOPS && panels.len() > 1 {
-        dst.par_chunks_mut(rows * n)
-            .zip(panels.par_iter())
-            .for_each(|(d, r0)| one(*r0, d));
-    } else {
-        for (d, r0) in dst.chunks_mut(rows * n).zip(&panels) {
-            one(*r0, d);
-        }
-    }
-    // SAFETY: the panels cover the m rows, and each was written.
-    unsafe { out.set_len(m * n) };
-    Some(out)
-}
-
 /// Integer matrix product, wrapping on overflow.
 #[allow(clippy::too_many_arguments)]
 fn gemm_int<T: Num>(
