@@ -583,8 +583,13 @@ impl Session {
         let p = self.program()?;
         let roots = self.roots(function)?;
         let (m, s) = with_stack(|| p.optimized(&roots));
+        let egg = s
+            .rewrite
+            .as_ref()
+            .map(|r| format!("; egg rewrites replaced {} nodes", r.replaced()))
+            .unwrap_or_default();
         Ok(format!(
-            "// optimised: {} -> {} nodes, {} -> {} graphs ({} inlined, {} simplified, {} merged, {} rounds)\n{}",
+            "// optimised: {} -> {} nodes, {} -> {} graphs ({} inlined, {} simplified, {} merged, {} rounds){egg}\n{}",
             s.nodes_before,
             s.nodes_after,
             s.graphs_before,

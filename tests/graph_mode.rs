@@ -93,7 +93,8 @@ fn gmm_gradient_optimises_to_one_closure_free_graph() {
     assert_eq!(run(Mode::Graph, &src), run(Mode::Eager, &src));
 }
 
-/// One SGD step of a ReLU network, large enough for kernels: the relu
+/// One SGD step of a ReLU network, large enough for kernels: the dense
+/// layers' bias and ReLU become GEMM epilogues, the relu
 /// derivatives (`where` of a comparison) and the SGD update (`tree_map`)
 /// become fused kernels, the products of transposes read their operand in
 /// place, and nothing changes in what is printed.
@@ -125,7 +126,9 @@ fn a_training_step_runs_in_kernels() {
     assert!(!ir.contains("tree_map("), "{ir}");
     let kernels = s.emit_kernels("main").unwrap();
     for k in [
-        "fused[add,relu] over [64, 80] f32",
+        // The dense layers' bias and ReLU run in the product's kernel (the
+        // sum before the ReLU is an output too: its derivative uses it).
+        "epilogue relu(matmul[a, b] + bias): 3 inputs, 2 outputs",
         "fused[where] over [64, 80] f32",
         "fused[mul,sub,sum] over [96, 80] f32",
         "fused[sum_to] over [64, 80] f32, then sum over [0]",

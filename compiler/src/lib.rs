@@ -11,3 +11,4 @@ pub mod opt;
 pub mod pipeline;
 pub mod plan;
 pub mod prim;
+pub mod rewrite;

@@ -337,8 +337,45 @@ impl Program {
         if uses_dynamic_ad(&m, &roots) {
             roots.extend(self.rule_graphs());
         }
-        let stats = crate::opt::optimize(&mut m, &roots, &opts);
+        let mut stats = crate::opt::optimize(&mut m, &roots, &opts);
+        if let Some((g, args)) = &opts.entry {
+            stats.rewrite = self.rewrite(&mut m, *g, args);
+        }
         (m, stats)
+    }
+
+    /// Equality-saturation rewriting ([`crate::rewrite`]) of the optimised
+    /// module `m`, typed from `entry` called with `args` (the IO token
+    /// included); nothing when inference fails on it.
+    fn rewrite(
+        &self,
+        m: &mut crate::ir::Module,
+        entry: GraphId,
+        args: &[crate::infer::AbsVal],
+    ) -> Option<crate::rewrite::Stats> {
+        let load_type = self.load_type_fn();
+        let iopts = crate::infer::InferOptions {
+            only_taken_branches: true,
+            load_type: load_type.as_deref(),
+            ..Default::default()
+        };
+        let trace = std::env::var_os("ADJOINT_EGG_TRACE").is_some();
+        let types = match crate::infer::infer_module_with(m, entry, args, &iopts) {
+            Ok(t) => t,
+            Err(e) => {
+                if trace {
+                    eprintln!("egg: inference of the optimised module failed: {e}");
+                }
+                return None;
+            }
+        };
+        let stats = crate::rewrite::rewrite(m, &[entry], &types, &Default::default());
+        if trace {
+            for line in stats.describe() {
+                eprintln!("egg: {line}");
+            }
+        }
+        Some(stats)
     }
 
     /// The graphs of the derivative rules.

@@ -13,4 +13,7 @@ pub enum KernelForm {
     Fused(KernelSpec),
     /// `matmul(view_a(..), view_b(..))`.
     Matmul(View, View),
+    /// A matrix product with its bias row and activation
+    /// ([`super::epilogue`]); only the CPU back end has this kernel.
+    Epilogue,
 }

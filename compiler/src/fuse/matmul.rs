@@ -18,7 +18,7 @@ use adjoint_runtime::tensor::Tensor;
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::NativeKernel;
 
-use crate::ir::{Module, NodeId};
+use crate::ir::{GraphId, Module, NodeId};
 use crate::prim::Prim;
 
 /// How the kernel gets one operand of the product from its inputs.
@@ -70,6 +70,31 @@ impl View {
             v => format!("{}({x})", v.kernel_name()),
         }
     }
+}
+
+/// How a product in graph `g` of operands `ins` reads them: each one's
+/// view (a transpose made in `g` is read in place), the kernel inputs
+/// (the transposes' operands instead of the transposes) and the
+/// transposes it recomputes.
+pub fn operands(m: &Module, g: GraphId, ins: &[NodeId]) -> (View, View, Vec<NodeId>, Vec<NodeId>) {
+    let view = |x: NodeId| -> View {
+        if m.node(x).graph != Some(g) {
+            return View::Plain;
+        }
+        View::of(m, x).unwrap_or(View::Plain)
+    };
+    let (va, vb) = (view(ins[0]), view(ins[1]));
+    let mut inputs = Vec::new();
+    let mut recomputed = Vec::new();
+    for (x, v) in [(ins[0], va), (ins[1], vb)] {
+        if v == View::Plain {
+            inputs.push(x);
+        } else {
+            inputs.extend_from_slice(&m.inputs(x)[1..]);
+            recomputed.push(x);
+        }
+    }
+    (va, vb, inputs, recomputed)
 }
 
 /// `matmul(view_a(..), view_b(..))` as one native call.

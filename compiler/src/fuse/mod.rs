@@ -28,6 +28,7 @@
 //! the transpose by reading its operand in place. A recomputed node that
 //! nothing else uses is *absorbed*: exec does not emit it.
 
+pub mod epilogue;
 pub mod form;
 pub mod matmul;
 
@@ -334,6 +335,7 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
                 types,
                 graph: *g,
             };
+            epilogue_groups(&cx, &body, &users, &escapes, &mut plan);
             elementwise_groups(&cx, &body, &users, &escapes, &mut plan);
         }
         matmul_groups(m, *g, &body, &mut plan);
@@ -372,25 +374,9 @@ fn matmul_groups(m: &Module, g: GraphId, body: &[NodeId], plan: &mut Plan) {
         if ins.len() != 2 {
             continue;
         }
-        let view = |x: NodeId| -> View {
-            if m.node(x).graph != Some(g) {
-                return View::Plain;
-            }
-            View::of(m, x).unwrap_or(View::Plain)
-        };
-        let (va, vb) = (view(ins[0]), view(ins[1]));
+        let (va, vb, inputs, recomputed) = matmul::operands(m, g, ins);
         if va == View::Plain && vb == View::Plain {
             continue;
-        }
-        let mut inputs = Vec::new();
-        let mut recomputed = Vec::new();
-        for (x, v) in [(ins[0], va), (ins[1], vb)] {
-            if v == View::Plain {
-                inputs.push(x);
-            } else {
-                inputs.extend_from_slice(&m.inputs(x)[1..]);
-                recomputed.push(x);
-            }
         }
         let kernel = MatmulKernel::new(va, vb);
         debug_assert_eq!(kernel.arity(), inputs.len());
@@ -413,6 +399,152 @@ fn matmul_groups(m: &Module, g: GraphId, body: &[NodeId], plan: &mut Plan) {
             form: form::KernelForm::Matmul(va, vb),
         });
     }
+}
+
+/// GEMM epilogues ([`epilogue`]): a matrix product of floats whose only
+/// use is the addition of a bias row, and/or that (or the sum) feeds an
+/// activation, becomes one kernel. Runs before element-wise grouping,
+/// which leaves the nodes it took.
+fn epilogue_groups(
+    cx: &Cx,
+    body: &[NodeId],
+    users: &HashMap<NodeId, Vec<NodeId>>,
+    escapes: &HashSet<NodeId>,
+    plan: &mut Plan,
+) {
+    use epilogue::{Act, EpilogueKernel};
+    let m = cx.m;
+    let g = cx.graph;
+    let in_graph = |x: NodeId| m.node(x).graph == Some(g);
+    for &n in body {
+        if m.applied_prim(n) != Some(Prim::Matmul) || plan.member_of.contains_key(&n) {
+            continue;
+        }
+        let ins = &m.inputs(n)[1..];
+        if ins.len() != 2 {
+            continue;
+        }
+        let Some((shape, dtype, false)) = tensor_type(cx.types, n) else {
+            continue;
+        };
+        let two_d = |x: NodeId| {
+            tensor_type(cx.types, x).is_some_and(|(s, d, _)| s.len() == 2 && d == dtype)
+        };
+        if shape.len() != 2
+            || kdtype(dtype).is_none()
+            || shape.iter().product::<usize>() < MIN_ELEMENTS
+            || !two_d(ins[0])
+            || !two_d(ins[1])
+        {
+            continue;
+        }
+        let same_type = |x: NodeId| {
+            tensor_type(cx.types, x).is_some_and(|(s, d, w)| s == shape && d == dtype && !w)
+        };
+        let sole_user = |x: NodeId| -> Option<NodeId> {
+            match users.get(&x).map(|v| v.as_slice()) {
+                Some([u]) if !escapes.contains(&x) && in_graph(*u) => Some(*u),
+                _ => None,
+            }
+        };
+        let mut members = vec![n];
+        let mut cur = n;
+        // A bias row: computed before the product (so not from it).
+        let mut bias = None;
+        if let Some(u) = sole_user(n).filter(|u| m.applied_prim(*u) == Some(Prim::Add)) {
+            let uin = &m.inputs(u)[1..];
+            let other = if uin[0] == n { uin[1] } else { uin[0] };
+            let row = tensor_type(cx.types, other)
+                .is_some_and(|(s, d, w)| s == [shape[1]] && d == dtype && !w);
+            let independent = !reaches(m, g, other, n);
+            if other != n && row && independent && same_type(u) && !plan.member_of.contains_key(&u)
+            {
+                bias = Some(other);
+                members.push(u);
+                cur = u;
+            }
+        }
+        // An activation of the result (which may have other uses).
+        let acts: Vec<NodeId> = users
+            .get(&cur)
+            .map(|us| {
+                us.iter()
+                    .copied()
+                    .filter(|u| {
+                        in_graph(*u)
+                            && m.applied_prim(*u).and_then(Act::of).is_some()
+                            && same_type(*u)
+                            && !plan.member_of.contains_key(u)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut act = None;
+        if let [a] = acts[..] {
+            act = m.applied_prim(a).and_then(Act::of);
+            members.push(a);
+        }
+        if bias.is_none() && act.is_none() {
+            continue;
+        }
+        let keep_pre = act.is_some()
+            && (escapes.contains(&cur)
+                || users
+                    .get(&cur)
+                    .is_some_and(|us| us.iter().any(|u| !members.contains(u))));
+        let (va, vb, mut inputs, recomputed) = matmul::operands(m, g, ins);
+        inputs.extend(bias);
+        let kernel = EpilogueKernel::new(va, vb, bias.is_some(), act, keep_pre, dtype);
+        debug_assert_eq!(kernel.arity(), inputs.len());
+        let outputs = match (act, keep_pre) {
+            (Some(_), true) => vec![cur, *members.last().expect("an activation")],
+            _ => vec![*members.last().expect("a member")],
+        };
+        debug_assert_eq!(kernel.outputs(), outputs.len());
+        let description = format!(
+            "epilogue {}: {} inputs, {} outputs",
+            adjoint_runtime::vm::NativeKernel::name(&kernel),
+            inputs.len(),
+            outputs.len()
+        );
+        let gi = plan.groups.len();
+        for &mbr in &members {
+            plan.member_of.insert(mbr, gi);
+        }
+        plan.groups.push(Group {
+            graph: g,
+            graph_name: m.graph(g).name.clone(),
+            members,
+            inputs,
+            outputs,
+            recomputed,
+            kernel: Arc::new(kernel),
+            description,
+            form: form::KernelForm::Epilogue,
+        });
+    }
+}
+
+/// Whether `from` may depend on `to` through the operands of nodes of
+/// graph `g` (a call of a graph counts as depending on anything: its
+/// closure may capture `to`).
+fn reaches(m: &Module, g: GraphId, from: NodeId, to: NodeId) -> bool {
+    let mut stack = vec![from];
+    let mut seen = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if x == to {
+            return true;
+        }
+        if !seen.insert(x) || m.node(x).graph != Some(g) {
+            continue;
+        }
+        let ins = m.inputs(x);
+        if let Some(Const::Graph(_)) = ins.first().and_then(|c| m.as_const(*c)) {
+            return true;
+        }
+        stack.extend_from_slice(ins);
+    }
+    false
 }
 
 /// What the element-wise grouping of one graph reads.
@@ -563,9 +695,15 @@ fn elementwise_groups(
             .iter()
             .filter_map(|i| group_of.get(i).map(|g| (*i, find(&parent, *g))))
             .collect();
-        let joined = joinable(
-            cx, n, ins, &gview, &depends, &parent, &forming, users, escapes,
-        );
+        // Nodes an earlier kind of group (a GEMM epilogue) computes.
+        let taken = plan.member_of.contains_key(&n);
+        let joined = if taken {
+            None
+        } else {
+            joinable(
+                cx, n, ins, &gview, &depends, &parent, &forming, users, escapes,
+            )
+        };
         if let Some(gi) = joined {
             // Operands in other groups of the same kind merge in, when
             // that makes no cycle.
@@ -608,7 +746,7 @@ fn elementwise_groups(
                 forming[gi].reduce = Some(n);
             }
             group_of.insert(n, gi);
-        } else if let Some((shape, dtype)) = starts_group(cx, n) {
+        } else if let Some((shape, dtype)) = starts_group(cx, n).filter(|_| !taken) {
             forming.push(Forming {
                 graph: cx.graph,
                 members: vec![n],

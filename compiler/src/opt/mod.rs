@@ -109,6 +109,9 @@ pub struct Stats {
     /// Graphs reachable from the roots, before and after.
     pub graphs_before: usize,
     pub graphs_after: usize,
+    /// What the egg rewrites did after the optimiser (when the entry's
+    /// types were known; see [`crate::rewrite`]).
+    pub rewrite: Option<crate::rewrite::Stats>,
 }
 
 /// Optimises the graphs reachable from `roots` in place.
@@ -341,7 +344,7 @@ fn recursive_graphs(
 /// Detaches application nodes that no reachable graph's output depends on
 /// (they would otherwise still count as uses when free variables are
 /// computed), and the nodes of unreachable graphs.
-fn detach_dead(m: &mut Module, roots: &[GraphId]) {
+pub(crate) fn detach_dead(m: &mut Module, roots: &[GraphId]) {
     for _ in 0..4 {
         let fv = free_variables(m);
         let mut live: HashSet<NodeId> = HashSet::new();

@@ -248,6 +248,9 @@ pub fn retarget(m: &Module, roots: &[GraphId], plan: &mut Plan, device: &Arc<Cud
             KernelForm::Matmul(a, b) => {
                 g.kernel = Arc::new(CudaMatmulKernel::new(device.clone(), *a, *b));
             }
+            // No CUDA epilogue kernel yet: the product with its bias and
+            // activation stays on the CPU (correct, but a round trip).
+            KernelForm::Epilogue => {}
         }
     }
     let fv = free_variables(m);
@@ -285,7 +288,7 @@ pub fn plan_sources(plan: &Plan) -> Vec<(String, CudaKernel)> {
         .iter()
         .filter_map(|g| match &g.form {
             KernelForm::Fused(spec) => Some((g.description.clone(), generate(spec))),
-            KernelForm::Matmul(..) => None,
+            KernelForm::Matmul(..) | KernelForm::Epilogue => None,
         })
         .collect()
 }
