@@ -12,7 +12,8 @@
 //! `make_tuple`). Each unrolled step leaves the next call with arguments
 //! the simplifier folds, so the next round unrolls it in turn; the loop
 //! becomes straight-line code that the other rewrites then take apart
-//! (with reverse mode, the stack of backpropagators disappears).
+//! (with reverse mode, the stack of backpropagators disappears). Loops
+//! that do IO are not unrolled.
 
 use std::collections::HashMap;
 
@@ -138,6 +139,20 @@ impl Rewriter<'_> {
         let Some(guard) = self.guard(h) else {
             return false;
         };
+        // A loop that does IO (a training loop printing its progress, a
+        // benchmark's timed iterations) is left a loop: its iterations are
+        // meant to run one after the other, and copying a large body pays
+        // nothing.
+        let does_io = self.nest(h).iter().any(|k| {
+            self.bodies.get(k).into_iter().flatten().any(|&n| {
+                self.m
+                    .applied_prim(n)
+                    .is_some_and(|p| p.category() == crate::prim::Category::Io)
+            })
+        });
+        if does_io {
+            return false;
+        }
         let params = self.m.graph(h).params.clone();
         if params.len() != args.len() {
             return false;
