@@ -179,14 +179,7 @@ impl NativeKernel for EpilogueKernel {
     }
 
     fn call(&self, mut args: Vec<Value>) -> Result<Value, RtError> {
-        if args.len() != self.arity() {
-            return Err(RtError::internal(format!(
-                "{}: expected {} inputs, got {}",
-                self.name,
-                self.arity(),
-                args.len()
-            )));
-        }
+        super::check_arity(&self.name, self.arity(), args.len())?;
         let bias = if self.bias { args.pop() } else { None };
         let Value::Tensor(p) = self.product.call(args)? else {
             return Err(RtError::internal("epilogue: the product is not a tensor"));

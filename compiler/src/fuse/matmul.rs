@@ -175,14 +175,7 @@ impl NativeKernel for MatmulKernel {
 
     fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
         let args = &args[..];
-        if args.len() != self.arity() {
-            return Err(RtError::internal(format!(
-                "{}: expected {} inputs, got {}",
-                self.name,
-                self.arity(),
-                args.len()
-            )));
-        }
+        super::check_arity(&self.name, self.arity(), args.len())?;
         let na = self.a.arity();
         match (
             Self::operand(self.a, &args[..na]),

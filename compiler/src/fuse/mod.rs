@@ -110,20 +110,23 @@ pub struct FusedKernel {
     n_outputs: usize,
 }
 
+/// The error of a kernel called with the wrong number of inputs.
+pub(crate) fn check_arity(name: &str, expected: usize, got: usize) -> Result<(), RtError> {
+    if expected == got {
+        return Ok(());
+    }
+    Err(RtError::internal(format!(
+        "{name}: expected {expected} inputs, got {got}"
+    )))
+}
+
 impl NativeKernel for FusedKernel {
     fn name(&self) -> &str {
         &self.name
     }
 
     fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
-        if args.len() != self.input_types.len() {
-            return Err(RtError::internal(format!(
-                "{}: expected {} inputs, got {}",
-                self.name,
-                self.input_types.len(),
-                args.len()
-            )));
-        }
+        check_arity(&self.name, self.input_types.len(), args.len())?;
         let mut owned: Vec<Tensor> = Vec::with_capacity(args.len());
         for (a, (shape, _)) in args.into_iter().zip(&self.input_types) {
             let Value::Tensor(t) = a else {

@@ -1037,15 +1037,25 @@ impl<'a> Interp<'a> {
         // arguments, and so may every graph they reach: what inference
         // knows of those graphs holds only for the calls it saw.
         let mut escaped: HashSet<GraphId> = HashSet::new();
-        let mut work: Vec<GraphId> = self.escaped.into_inner().into_iter().collect();
-        while let Some(g) = work.pop() {
-            if !escaped.insert(g) {
-                continue;
-            }
-            work.extend(reachable_graphs(self.m, &[g]));
-            for id in by_graph.get(&g).into_iter().flatten() {
-                for callees in specs[id.index()].calls.values() {
-                    work.extend(callees.iter().map(|c| specs[c.index()].graph));
+        // (One traversal per round for the whole frontier: each call of
+        // `reachable_graphs` scans the module.)
+        let mut frontier: Vec<GraphId> = self.escaped.into_inner().into_iter().collect();
+        while !frontier.is_empty() {
+            let reached = reachable_graphs(self.m, &frontier);
+            frontier.clear();
+            for g in reached {
+                if !escaped.insert(g) {
+                    continue;
+                }
+                for id in by_graph.get(&g).into_iter().flatten() {
+                    for callees in specs[id.index()].calls.values() {
+                        frontier.extend(
+                            callees
+                                .iter()
+                                .map(|c| specs[c.index()].graph)
+                                .filter(|c| !escaped.contains(c)),
+                        );
+                    }
                 }
             }
         }

@@ -143,12 +143,15 @@ impl Rewriter<'_> {
         // benchmark's timed iterations) is left a loop: its iterations are
         // meant to run one after the other, and copying a large body pays
         // nothing.
-        let does_io = self.nest(h).iter().any(|k| {
-            self.bodies.get(k).into_iter().flatten().any(|&n| {
-                self.m
-                    .applied_prim(n)
-                    .is_some_and(|p| p.category() == crate::prim::Category::Io)
-            })
+        let nest = self.nest(h);
+        let bodies = || {
+            nest.iter()
+                .flat_map(|k| self.bodies.get(k).into_iter().flatten())
+        };
+        let does_io = bodies().any(|&n| {
+            self.m
+                .applied_prim(n)
+                .is_some_and(|p| p.category() == crate::prim::Category::Io)
         });
         if does_io {
             return false;
@@ -161,7 +164,7 @@ impl Rewriter<'_> {
             .iter()
             .map(|a| eval(self.m, *a, &HashMap::new(), 0))
             .collect();
-        let size: usize = self.nest_size(h);
+        let size = bodies().count();
         for trip in 0..=MAX_TRIPS {
             let env: HashMap<NodeId, SVal> = params.iter().copied().zip(state.clone()).collect();
             let recurse = match eval(self.m, guard.cond, &env, 0) {
@@ -190,21 +193,6 @@ impl Rewriter<'_> {
             }
         }
         false
-    }
-
-    fn nest_size(&self, h: GraphId) -> usize {
-        let mut size = 0;
-        let mut stack = vec![h];
-        let mut seen = std::collections::HashSet::from([h]);
-        while let Some(k) = stack.pop() {
-            size += self.bodies.get(&k).map_or(0, Vec::len);
-            for c in self.children.get(&k).into_iter().flatten() {
-                if seen.insert(*c) {
-                    stack.push(*c);
-                }
-            }
-        }
-        size
     }
 
     /// The guard of recursive graph `h`, when it has the expected shape.
@@ -244,28 +232,18 @@ impl Rewriter<'_> {
     /// nested in it; `h` must appear nowhere else there (not as a value).
     fn calls_of(&self, k: GraphId, h: GraphId) -> Option<Vec<Vec<NodeId>>> {
         let mut out = Vec::new();
-        let mut stack = vec![k];
-        let mut seen = std::collections::HashSet::from([k]);
-        while let Some(x) = stack.pop() {
+        for x in self.nest(k) {
             for &n in self.bodies.get(&x).into_iter().flatten() {
                 let ins: Vec<NodeId> = self.m.inputs(n).iter().map(|i| self.resolve(*i)).collect();
                 for (j, i) in ins.iter().enumerate() {
-                    if let Some(Const::Graph(t)) = self.m.as_const(*i) {
-                        if *t == h {
-                            if j == 0 {
-                                out.push(ins[1..].to_vec());
-                            } else {
-                                // Passed as a value: the recursion is not
-                                // a plain call chain.
-                                return None;
-                            }
+                    if self.m.as_const(*i) == Some(&Const::Graph(h)) {
+                        if j > 0 {
+                            // Passed as a value: the recursion is not a
+                            // plain call chain.
+                            return None;
                         }
+                        out.push(ins[1..].to_vec());
                     }
-                }
-            }
-            for c in self.children.get(&x).into_iter().flatten() {
-                if seen.insert(*c) {
-                    stack.push(*c);
                 }
             }
         }
