@@ -138,6 +138,13 @@ fn cases(root: &Path) -> Vec<Case> {
         compile: false,
     });
     v.push(Case {
+        name: "loop_fwd",
+        what: "x <- sin(x)*x + 0.5, 1000 steps, f64 scalar (forward only)".to_string(),
+        file: "benches/programs/loop_fwd.adj",
+        entry: simple.clone(),
+        compile: false,
+    });
+    v.push(Case {
         name: "map16m",
         what: "y = tanh(2x+1)*sigmoid(x) - x/3 on 2^24 f32".to_string(),
         file: "benches/programs/map.adj",

@@ -54,6 +54,7 @@ ROWS = [
     ("gmm_d10_grad", "2. GMM obj+grad d=10 K=25 (f64)"),
     ("gmm_d20_grad", "2. GMM obj+grad d=20 K=50 (f64)"),
     ("loop_grad", "3. grad of 1000-step sin loop (f64)"),
+    ("loop_fwd", "3b. 1000-step sin loop, forward (f64)"),
     ("map16m", "4. tanh*sigmoid map, 16M f32"),
     ("gmm_d10_obj", "   GMM objective only d=10 K=25"),
     ("gmm_d20_obj", "   GMM objective only d=20 K=50"),
@@ -184,6 +185,14 @@ def bench_jax(cases, budget, max_reps, log):
         out["loop_grad"], _ = time_fn(lambda: jax.block_until_ready(gl(x0)), budget, max_reps)
         log("jax loop_grad done")
 
+    # 3b: the same loop, forward only
+    if "loop_fwd" in cases:
+        fl = jax.jit(lambda x: jax.lax.fori_loop(0, 1000, lambda i, x: jnp.sin(x) * x + 0.5, x))
+        x0 = jnp.float64(0.3)
+        checks["loop_fwd"] = float(fl(x0))
+        out["loop_fwd"], _ = time_fn(lambda: jax.block_until_ready(fl(x0)), budget, max_reps)
+        log("jax loop_fwd done")
+
     # 4: element-wise map on 16M f32
     if "map16m" in cases:
         f = jax.jit(lambda x: jnp.tanh(2.0 * x + 1.0) * jax.nn.sigmoid(x) - x / 3.0)
@@ -278,6 +287,16 @@ def bench_torch(cases, budget, max_reps, log):
         out["loop_grad"], _ = time_fn(gl, budget, max_reps)
         log("torch loop_grad done")
 
+    if "loop_fwd" in cases:
+        def fl():
+            x = torch.tensor(0.3, dtype=torch.float64)
+            for _ in range(1000):
+                x = torch.sin(x) * x + 0.5
+            return x.item()
+        checks["loop_fwd"] = fl()
+        out["loop_fwd"], _ = time_fn(fl, budget, max_reps)
+        log("torch loop_fwd done")
+
     if "map16m" in cases:
         x = torch.randn(1 << 24, generator=torch.Generator().manual_seed(7), dtype=torch.float32)
 
@@ -315,8 +334,8 @@ def bench_adjoint(cases, budget, max_reps, log):
                 vals[parts[0]] = float(parts[1])
         if r["case"].endswith("_grad") and r["case"].startswith("gmm"):
             checks[r["case"][:-5]] = (vals.get("value"), vals.get("gradient_sum"))
-        if r["case"] == "loop_grad":
-            checks["loop_grad"] = vals.get("value")
+        if r["case"] in ("loop_grad", "loop_fwd"):
+            checks[r["case"]] = vals.get("value")
     if p.returncode != 0 and not raw:
         raise SystemExit("adjoint_bench failed (exit status %d)" % p.returncode)
     mode = raw[0].get("mode", "?") if raw else "?"
@@ -356,7 +375,7 @@ def main():
     ap.add_argument("--max-reps", type=int, default=100, help="at most this many timed runs (default 100)")
     ap.add_argument("--quick", action="store_true", help="budget 0.5 s, at most 10 runs")
     ap.add_argument("--only", nargs="*", default=None,
-                    help="cases: mlp gmm_d10 gmm_d20 loop_grad map16m (default all)")
+                    help="cases: mlp gmm_d10 gmm_d20 loop_grad loop_fwd map16m (default all)")
     ap.add_argument("--skip", nargs="*", default=[], help="systems to leave out: adjoint jax torch")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
     ap.add_argument("--threads", type=int, default=None,
@@ -372,7 +391,7 @@ def main():
         THREADS[0] = args.threads
     if args.quick:
         args.budget, args.max_reps = 0.5, 10
-    all_cases = ["mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d20_grad", "gmm_d20_obj", "loop_grad", "map16m"]
+    all_cases = ["mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d20_grad", "gmm_d20_obj", "loop_grad", "loop_fwd", "map16m"]
     cases = [c for c in all_cases if args.only is None or any(c.startswith(o) for o in args.only)]
 
     t_start = time.perf_counter()
@@ -401,10 +420,10 @@ def main():
         add_ratios(r)
 
     # Do the systems compute the same thing?
-    print("Cross-check (GMM objective and gradient sum; loop gradient):")
+    print("Cross-check (GMM objective and gradient sum; loop gradient and value):")
     ok = True
     systems = list(checks)
-    for key in ("gmm_d10", "gmm_d20", "loop_grad"):
+    for key in ("gmm_d10", "gmm_d20", "loop_grad", "loop_fwd"):
         vals = {s: checks[s].get(key) for s in systems if checks[s].get(key) is not None}
         if len(vals) < 2:
             continue

@@ -244,6 +244,17 @@ pub fn clear_interrupt() {
     INTERRUPT.store(false, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether an interrupt was requested and not withdrawn.
+pub fn interrupt_requested() -> bool {
+    INTERRUPT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The address of the interrupt flag (one byte, non-zero when set), for
+/// compiled code that polls it.
+pub fn interrupt_flag_address() -> *const u8 {
+    INTERRUPT.as_ptr() as *const u8
+}
+
 fn interrupted(loc: LocIndex) -> Result<(), VmError> {
     if INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(VmError {

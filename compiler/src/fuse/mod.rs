@@ -31,6 +31,7 @@
 pub mod epilogue;
 pub mod form;
 pub mod matmul;
+pub mod scalar;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -330,6 +331,9 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
     }
 
     let mut plan = Plan::default();
+    if let Some(types) = types {
+        scalar::scalar_groups(m, &graphs, types, &fv, &mut plan);
+    }
     for g in &graphs {
         let body = graph_body_with(m, *g, &fv);
         if let Some(types) = types {

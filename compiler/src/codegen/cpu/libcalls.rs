@@ -1,36 +1,60 @@
-//! Rust functions the compiled kernels call per element for operations
-//! without an inline implementation. They are the runtime's own scalar
+//! Rust functions the compiled kernels (and scalar programs) call per
+//! element for operations without an inline implementation. They are the runtime's own scalar
 //! functions, so results match the reference kernels exactly.
 
 use adjoint_runtime::kernels::num::{Float, Num};
 
 use crate::codegen::kernel::{BinaryOp, KDType, UnaryOp};
 
-macro_rules! unary {
-    ($name:ident, $t:ty, $f:expr) => {
-        extern "C" fn $name(x: $t) -> $t {
-            ($f)(x)
-        }
-    };
-}
-macro_rules! binary {
-    ($name:ident, $t:ty, $f:expr) => {
-        extern "C" fn $name(x: $t, y: $t) -> $t {
-            ($f)(x, y)
-        }
+/// `extern "C"` wrappers of the runtime's scalar functions, for compiled
+/// code to call.
+macro_rules! shims {
+    ($($name:ident: fn($($a:ident),*) -> $t:ty = $f:expr;)*) => {
+        $(pub(crate) extern "C" fn $name($($a: $t),*) -> $t { ($f)($($a),*) })*
     };
 }
 
-unary!(sin_f32, f32, <f32 as Float>::sin);
-unary!(sin_f64, f64, <f64 as Float>::sin);
-unary!(cos_f32, f32, <f32 as Float>::cos);
-unary!(cos_f64, f64, <f64 as Float>::cos);
-unary!(erf_f32, f32, <f32 as Float>::erf);
-unary!(erf_f64, f64, <f64 as Float>::erf);
-binary!(pow_f32, f32, <f32 as Num>::pow);
-binary!(pow_f64, f64, <f64 as Num>::pow);
-binary!(rem_f32, f32, <f32 as Num>::rem);
-binary!(rem_f64, f64, <f64 as Num>::rem);
+shims! {
+    exp_f32: fn(x) -> f32 = <f32 as Float>::exp;
+    exp_f64: fn(x) -> f64 = <f64 as Float>::exp;
+    log_f32: fn(x) -> f32 = <f32 as Float>::ln;
+    log_f64: fn(x) -> f64 = <f64 as Float>::ln;
+    log1p_f32: fn(x) -> f32 = <f32 as Float>::ln_1p;
+    log1p_f64: fn(x) -> f64 = <f64 as Float>::ln_1p;
+    sin_f32: fn(x) -> f32 = <f32 as Float>::sin;
+    sin_f64: fn(x) -> f64 = <f64 as Float>::sin;
+    cos_f32: fn(x) -> f32 = <f32 as Float>::cos;
+    cos_f64: fn(x) -> f64 = <f64 as Float>::cos;
+    tanh_f32: fn(x) -> f32 = <f32 as Float>::tanh;
+    tanh_f64: fn(x) -> f64 = <f64 as Float>::tanh;
+    sigmoid_f32: fn(x) -> f32 = <f32 as Float>::sigmoid;
+    sigmoid_f64: fn(x) -> f64 = <f64 as Float>::sigmoid;
+    rsqrt_f32: fn(x) -> f32 = <f32 as Float>::rsqrt;
+    rsqrt_f64: fn(x) -> f64 = <f64 as Float>::rsqrt;
+    lgamma_f32: fn(x) -> f32 = <f32 as Float>::lgamma;
+    lgamma_f64: fn(x) -> f64 = <f64 as Float>::lgamma;
+    erf_f32: fn(x) -> f32 = <f32 as Float>::erf;
+    erf_f64: fn(x) -> f64 = <f64 as Float>::erf;
+    digamma_f32: fn(x) -> f32 = <f32 as Float>::digamma;
+    digamma_f64: fn(x) -> f64 = <f64 as Float>::digamma;
+    trigamma_f32: fn(x) -> f32 = <f32 as Float>::trigamma;
+    trigamma_f64: fn(x) -> f64 = <f64 as Float>::trigamma;
+    sign_f32: fn(x) -> f32 = <f32 as Num>::sign;
+    sign_f64: fn(x) -> f64 = <f64 as Num>::sign;
+    sign_i64: fn(x) -> i64 = <i64 as Num>::sign;
+    relu_f32: fn(x) -> f32 = <f32 as Num>::relu;
+    relu_f64: fn(x) -> f64 = <f64 as Num>::relu;
+    relu_i64: fn(x) -> i64 = <i64 as Num>::relu;
+    abs_i64: fn(x) -> i64 = <i64 as Num>::abs;
+    pow_f32: fn(x, y) -> f32 = <f32 as Num>::pow;
+    pow_f64: fn(x, y) -> f64 = <f64 as Num>::pow;
+    rem_f32: fn(x, y) -> f32 = <f32 as Num>::rem;
+    rem_f64: fn(x, y) -> f64 = <f64 as Num>::rem;
+    max_f32: fn(x, y) -> f32 = <f32 as Num>::maximum;
+    max_f64: fn(x, y) -> f64 = <f64 as Num>::maximum;
+    min_f32: fn(x, y) -> f32 = <f32 as Num>::minimum;
+    min_f64: fn(x, y) -> f64 = <f64 as Num>::minimum;
+}
 
 /// An imported function: its symbol, arity and address.
 pub(crate) struct Libcall {

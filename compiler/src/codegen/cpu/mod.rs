@@ -54,6 +54,7 @@ mod emit;
 mod libcalls;
 mod math;
 mod plan;
+pub mod scalar;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -242,21 +243,35 @@ impl std::fmt::Debug for CompiledKernel {
 
 fn isa() -> Result<OwnedTargetIsa, CodegenError> {
     static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
-    ISA.get_or_init(|| {
-        let mut flags = settings::builder();
-        let set = |f: &mut settings::Builder, k: &str, v: &str| {
-            f.set(k, v).map_err(|e| format!("setting {k}: {e}"))
-        };
-        set(&mut flags, "opt_level", "speed")?;
-        set(&mut flags, "use_colocated_libcalls", "false")?;
-        set(&mut flags, "is_pic", "false")?;
-        let builder = cranelift_native::builder().map_err(|e| e.to_string())?;
-        builder
-            .finish(settings::Flags::new(flags))
-            .map_err(|e| e.to_string())
-    })
-    .clone()
-    .map_err(CodegenError::Backend)
+    ISA.get_or_init(|| make_isa(false))
+        .clone()
+        .map_err(CodegenError::Backend)
+}
+
+/// The ISA for code with tail calls, which Cranelift implements with
+/// frame pointers.
+fn tail_call_isa() -> Result<OwnedTargetIsa, CodegenError> {
+    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    ISA.get_or_init(|| make_isa(true))
+        .clone()
+        .map_err(CodegenError::Backend)
+}
+
+fn make_isa(frame_pointers: bool) -> Result<OwnedTargetIsa, String> {
+    let mut flags = settings::builder();
+    let set = |f: &mut settings::Builder, k: &str, v: &str| {
+        f.set(k, v).map_err(|e| format!("setting {k}: {e}"))
+    };
+    set(&mut flags, "opt_level", "speed")?;
+    set(&mut flags, "use_colocated_libcalls", "false")?;
+    set(&mut flags, "is_pic", "false")?;
+    if frame_pointers {
+        set(&mut flags, "preserve_frame_pointers", "true")?;
+    }
+    let builder = cranelift_native::builder().map_err(|e| e.to_string())?;
+    builder
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| e.to_string())
 }
 
 /// Compiles `spec` with default options (no cache).

@@ -250,7 +250,7 @@ pub fn retarget(m: &Module, roots: &[GraphId], plan: &mut Plan, device: &Arc<Cud
             }
             // No CUDA epilogue kernel yet: the product with its bias and
             // activation stays on the CPU (correct, but a round trip).
-            KernelForm::Epilogue => {}
+            KernelForm::Epilogue | KernelForm::Scalar(_) => {}
         }
     }
     let fv = free_variables(m);
@@ -288,7 +288,7 @@ pub fn plan_sources(plan: &Plan) -> Vec<(String, CudaKernel)> {
         .iter()
         .filter_map(|g| match &g.form {
             KernelForm::Fused(spec) => Some((g.description.clone(), generate(spec))),
-            KernelForm::Matmul(..) | KernelForm::Epilogue => None,
+            KernelForm::Matmul(..) | KernelForm::Epilogue | KernelForm::Scalar(_) => None,
         })
         .collect()
 }

@@ -1,0 +1,526 @@
+//! Scalar programs ([`ScalarProgram`]) compiled with Cranelift.
+//!
+//! Every function of the program becomes a native function with
+//! Cranelift's `tail` calling convention, so its tail calls (a loop's
+//! back edge, the jump to its exit) are native tail calls: a loop runs in
+//! constant stack. Values live in registers; nothing is allocated. A
+//! trampoline with the platform's calling convention,
+//! `fn(args: *const u64, results: *mut u64)`, calls the entry: each
+//! argument and result takes 8 bytes (the value in the low bytes).
+//!
+//! Operations with a short exact machine form are inline (arithmetic,
+//! comparisons, conversions, `sqrt`, `floor`, `abs`); the others call the
+//! runtime's scalar functions, so results are those of eager mode bit for
+//! bit. Each function first reads the runtime's interrupt flag
+//! ([`adjoint_runtime::vm::request_interrupt`]): when it is set, it returns
+//! at once and the caller reports the interruption, so Ctrl-C stops a
+//! compiled loop too.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    types, AbiParam, BlockArg, FuncRef, InstBuilder, MemFlagsData, Type, Value,
+};
+use cranelift_codegen::isa::CallConv;
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{FuncId, Linkage, Module};
+
+use super::libcalls::*;
+use super::{tail_call_isa, Code, CodegenError};
+use crate::codegen::scalar::{
+    SBinary, SCall, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
+};
+
+/// The trampoline's signature.
+type Trampoline = unsafe extern "C" fn(args: *const u64, results: *mut u64);
+
+/// A scalar program compiled to native code.
+pub struct CompiledScalar {
+    program: ScalarProgram,
+    func: Trampoline,
+    compile_time: Duration,
+    _code: Code,
+}
+
+impl std::fmt::Debug for CompiledScalar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledScalar")
+            .field("functions", &self.program.funcs.len())
+            .field("compile_time", &self.compile_time)
+            .finish()
+    }
+}
+
+impl CompiledScalar {
+    pub fn program(&self) -> &ScalarProgram {
+        &self.program
+    }
+
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    /// Runs the entry on `args`, which must have its parameter types.
+    /// `None` if the run was interrupted.
+    pub fn call(&self, args: &[Scalar]) -> Result<Vec<Scalar>, String> {
+        let entry = self.program.entry();
+        if args.len() != entry.params.len()
+            || args.iter().zip(&entry.params).any(|(a, t)| a.ty() != *t)
+        {
+            return Err(format!(
+                "{}: expected arguments of types {:?}, got {:?}",
+                entry.name, entry.params, args
+            ));
+        }
+        let bits: Vec<u64> = args.iter().map(|a| a.to_bits()).collect();
+        let mut out = vec![0u64; entry.results.len().max(1)];
+        // SAFETY: the trampoline reads one u64 per parameter and writes one
+        // per result, and the arguments were checked against the types the
+        // code was compiled for.
+        unsafe { (self.func)(bits.as_ptr(), out.as_mut_ptr()) };
+        if adjoint_runtime::vm::interrupt_requested() {
+            return Err("interrupted".into());
+        }
+        Ok(entry
+            .results
+            .iter()
+            .zip(out)
+            .map(|(t, b)| Scalar::from_bits(*t, b))
+            .collect())
+    }
+}
+
+fn clif_type(t: SType) -> Type {
+    match t {
+        SType::F32 => types::F32,
+        SType::F64 => types::F64,
+        SType::I64 => types::I64,
+        SType::Bool => types::I8,
+    }
+}
+
+/// The runtime function an operation calls, if it is not inline: its
+/// symbol, address and arity.
+fn unary_call(op: SUnary, t: SType) -> Option<(&'static str, *const u8)> {
+    macro_rules! pick {
+        ($f32:ident, $f64:ident) => {
+            match t {
+                SType::F32 => (
+                    concat!("adjoint_scalar_", stringify!($f32)),
+                    $f32 as *const u8,
+                ),
+                _ => (
+                    concat!("adjoint_scalar_", stringify!($f64)),
+                    $f64 as *const u8,
+                ),
+            }
+        };
+    }
+    Some(match (op, t) {
+        (SUnary::Sign, SType::I64) => ("adjoint_scalar_sign_i64", sign_i64 as *const u8),
+        (SUnary::Relu, SType::I64) => ("adjoint_scalar_relu_i64", relu_i64 as *const u8),
+        (SUnary::Abs, SType::I64) => ("adjoint_scalar_abs_i64", abs_i64 as *const u8),
+        (_, SType::I64 | SType::Bool) => return None,
+        (SUnary::Exp, _) => pick!(exp_f32, exp_f64),
+        (SUnary::Log, _) => pick!(log_f32, log_f64),
+        (SUnary::Log1p, _) => pick!(log1p_f32, log1p_f64),
+        (SUnary::Sin, _) => pick!(sin_f32, sin_f64),
+        (SUnary::Cos, _) => pick!(cos_f32, cos_f64),
+        (SUnary::Tanh, _) => pick!(tanh_f32, tanh_f64),
+        (SUnary::Sigmoid, _) => pick!(sigmoid_f32, sigmoid_f64),
+        (SUnary::Rsqrt, _) => pick!(rsqrt_f32, rsqrt_f64),
+        (SUnary::Lgamma, _) => pick!(lgamma_f32, lgamma_f64),
+        (SUnary::Erf, _) => pick!(erf_f32, erf_f64),
+        (SUnary::Digamma, _) => pick!(digamma_f32, digamma_f64),
+        (SUnary::Trigamma, _) => pick!(trigamma_f32, trigamma_f64),
+        (SUnary::Sign, _) => pick!(sign_f32, sign_f64),
+        (SUnary::Relu, _) => pick!(relu_f32, relu_f64),
+        (
+            SUnary::Neg | SUnary::Abs | SUnary::Floor | SUnary::Ceil | SUnary::Sqrt | SUnary::Not,
+            _,
+        ) => return None,
+    })
+}
+
+fn binary_call(op: SBinary, t: SType) -> Option<(&'static str, *const u8)> {
+    let f32 = t == SType::F32;
+    if !t.is_float() {
+        return None;
+    }
+    Some(match (op, f32) {
+        (SBinary::Pow, true) => ("adjoint_scalar_pow_f32", pow_f32 as *const u8),
+        (SBinary::Pow, false) => ("adjoint_scalar_pow_f64", pow_f64 as *const u8),
+        (SBinary::Rem, true) => ("adjoint_scalar_rem_f32", rem_f32 as *const u8),
+        (SBinary::Rem, false) => ("adjoint_scalar_rem_f64", rem_f64 as *const u8),
+        (SBinary::Maximum, true) => ("adjoint_scalar_max_f32", max_f32 as *const u8),
+        (SBinary::Maximum, false) => ("adjoint_scalar_max_f64", max_f64 as *const u8),
+        (SBinary::Minimum, true) => ("adjoint_scalar_min_f32", min_f32 as *const u8),
+        (SBinary::Minimum, false) => ("adjoint_scalar_min_f64", min_f64 as *const u8),
+        _ => return None,
+    })
+}
+
+/// A runtime function an operation calls.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Import {
+    Unary(SUnary, SType),
+    Binary(SBinary, SType),
+}
+
+impl Import {
+    fn symbol(self) -> Option<(&'static str, *const u8, usize, SType)> {
+        match self {
+            Import::Unary(op, t) => unary_call(op, t).map(|(s, p)| (s, p, 1, t)),
+            Import::Binary(op, t) => binary_call(op, t).map(|(s, p)| (s, p, 2, t)),
+        }
+    }
+}
+
+/// The imports a program needs.
+fn imports(p: &ScalarProgram) -> Vec<Import> {
+    let mut out = Vec::new();
+    for f in &p.funcs {
+        let tys = f.value_types();
+        for inst in &f.body {
+            let im = match &inst.op {
+                SOp::Unary(op, x) => Import::Unary(*op, tys[x.0 as usize]),
+                SOp::Binary(op, a, _) => Import::Binary(*op, tys[a.0 as usize]),
+                _ => continue,
+            };
+            if im.symbol().is_some() && !out.contains(&im) {
+                out.push(im);
+            }
+        }
+    }
+    out
+}
+
+/// Compiles `program` (which must validate).
+pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, CodegenError> {
+    program.validate().map_err(CodegenError::Backend)?;
+    let t0 = Instant::now();
+    let isa = tail_call_isa()?;
+    let mut builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
+    let needed = imports(program);
+    for im in &needed {
+        let (sym, ptr, _, _) = im.symbol().expect("only imports with symbols");
+        builder.symbol(sym, ptr);
+    }
+    let mut module = JITModule::new(builder);
+    let err = |e: &dyn std::fmt::Display| CodegenError::Backend(e.to_string());
+
+    // Declarations.
+    let mut ids = Vec::new();
+    for (i, f) in program.funcs.iter().enumerate() {
+        let mut sig = module.make_signature();
+        sig.call_conv = CallConv::Tail;
+        sig.params
+            .extend(f.params.iter().map(|t| AbiParam::new(clif_type(*t))));
+        sig.returns
+            .extend(f.results.iter().map(|t| AbiParam::new(clif_type(*t))));
+        let id = module
+            .declare_function(&format!("scalar_{i}"), Linkage::Local, &sig)
+            .map_err(|e| err(&e))?;
+        ids.push(id);
+    }
+    let mut import_ids: HashMap<Import, FuncId> = HashMap::new();
+    for im in &needed {
+        let (sym, _, arity, t) = im.symbol().expect("only imports with symbols");
+        let mut sig = module.make_signature();
+        for _ in 0..arity {
+            sig.params.push(AbiParam::new(clif_type(t)));
+        }
+        sig.returns.push(AbiParam::new(clif_type(t)));
+        let id = module
+            .declare_function(sym, Linkage::Import, &sig)
+            .map_err(|e| err(&e))?;
+        import_ids.insert(*im, id);
+    }
+
+    let mut ctx = module.make_context();
+    let mut fbc = FunctionBuilderContext::new();
+    let flag_addr = adjoint_runtime::vm::interrupt_flag_address() as i64;
+    let ptr = module.target_config().pointer_type();
+    for (i, f) in program.funcs.iter().enumerate() {
+        ctx.func.signature = module
+            .declarations()
+            .get_function_decl(ids[i])
+            .signature
+            .clone();
+        {
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
+            let funcs: Vec<FuncRef> = ids
+                .iter()
+                .map(|id| module.declare_func_in_func(*id, b.func))
+                .collect();
+            let calls: HashMap<Import, FuncRef> = import_ids
+                .iter()
+                .map(|(im, id)| (*im, module.declare_func_in_func(*id, b.func)))
+                .collect();
+            let entry = b.create_block();
+            b.append_block_params_for_function_params(entry);
+            b.switch_to_block(entry);
+            let mut vals: Vec<Value> = b.block_params(entry).to_vec();
+            // The interrupt check: return zeros when the flag is set.
+            let stop = b.create_block();
+            let go = b.create_block();
+            let addr = b.ins().iconst(ptr, flag_addr);
+            let flag = b
+                .ins()
+                .load(types::I8, MemFlagsData::new().with_notrap(), addr, 0);
+            b.ins().brif(flag, stop, &[], go, &[]);
+            b.switch_to_block(stop);
+            let zeros: Vec<Value> = f.results.iter().map(|t| zero(&mut b, *t)).collect();
+            b.ins().return_(&zeros);
+            b.switch_to_block(go);
+
+            let tys = f.value_types();
+            for inst in &f.body {
+                let v = |x: &SVal| vals[x.0 as usize];
+                let ty = |x: &SVal| tys[x.0 as usize];
+                let out: Vec<Value> = match &inst.op {
+                    SOp::Const(c) => vec![constant(&mut b, *c)],
+                    SOp::Unary(op, x) => {
+                        let t = ty(x);
+                        let r = match calls.get(&Import::Unary(*op, t)) {
+                            Some(fr) => {
+                                let call = b.ins().call(*fr, &[v(x)]);
+                                b.inst_results(call)[0]
+                            }
+                            None => unary_inline(&mut b, *op, t, v(x)),
+                        };
+                        vec![r]
+                    }
+                    SOp::Binary(op, x, y) => {
+                        let t = ty(x);
+                        let r = match calls.get(&Import::Binary(*op, t)) {
+                            Some(fr) => {
+                                let call = b.ins().call(*fr, &[v(x), v(y)]);
+                                b.inst_results(call)[0]
+                            }
+                            None => binary_inline(&mut b, *op, t, v(x), v(y)),
+                        };
+                        vec![r]
+                    }
+                    SOp::Cast(x) => vec![cast(&mut b, ty(x), inst.results[0], v(x))],
+                    SOp::Select(c, x, y) => vec![b.ins().select(v(c), v(x), v(y))],
+                    SOp::Call(c) => {
+                        let args: Vec<Value> = c.args.iter().map(v).collect();
+                        let call = b.ins().call(funcs[c.func.0 as usize], &args);
+                        b.inst_results(call).to_vec()
+                    }
+                    SOp::CallIf(c, x, y) => {
+                        let (bx, by, join) = (b.create_block(), b.create_block(), b.create_block());
+                        for t in &inst.results {
+                            b.append_block_param(join, clif_type(*t));
+                        }
+                        b.ins().brif(v(c), bx, &[], by, &[]);
+                        for (blk, call) in [(bx, x), (by, y)] {
+                            b.switch_to_block(blk);
+                            let args: Vec<Value> = call.args.iter().map(v).collect();
+                            let ci = b.ins().call(funcs[call.func.0 as usize], &args);
+                            let rs: Vec<BlockArg> =
+                                b.inst_results(ci).iter().map(|r| (*r).into()).collect();
+                            b.ins().jump(join, &rs);
+                        }
+                        b.switch_to_block(join);
+                        b.block_params(join).to_vec()
+                    }
+                };
+                vals.extend(out);
+            }
+            let v = |x: &SVal| vals[x.0 as usize];
+            let tail = |b: &mut FunctionBuilder, c: &SCall| {
+                let args: Vec<Value> = c.args.iter().map(v).collect();
+                b.ins().return_call(funcs[c.func.0 as usize], &args);
+            };
+            match &f.term {
+                STerm::Return(vs) => {
+                    let rs: Vec<Value> = vs.iter().map(v).collect();
+                    b.ins().return_(&rs);
+                }
+                STerm::TailCall(c) => tail(&mut b, c),
+                STerm::TailCallIf(c, x, y) => {
+                    let (bx, by) = (b.create_block(), b.create_block());
+                    b.ins().brif(v(c), bx, &[], by, &[]);
+                    b.switch_to_block(bx);
+                    tail(&mut b, x);
+                    b.switch_to_block(by);
+                    tail(&mut b, y);
+                }
+            }
+            b.seal_all_blocks();
+            b.finalize(module.target_config());
+        }
+        module
+            .define_function(ids[i], &mut ctx)
+            .map_err(|e| CodegenError::Backend(format!("{e:?}")))?;
+        module.clear_context(&mut ctx);
+    }
+
+    // The trampoline.
+    let mut sig = module.make_signature();
+    sig.params.push(AbiParam::new(ptr));
+    sig.params.push(AbiParam::new(ptr));
+    let tramp = module
+        .declare_function("scalar_entry", Linkage::Local, &sig)
+        .map_err(|e| err(&e))?;
+    ctx.func.signature = sig;
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
+        let entry_ref = module.declare_func_in_func(ids[0], b.func);
+        let blk = b.create_block();
+        b.append_block_params_for_function_params(blk);
+        b.switch_to_block(blk);
+        let (args, rets) = (b.block_params(blk)[0], b.block_params(blk)[1]);
+        let flags = MemFlagsData::new().with_notrap();
+        let e = program.entry();
+        let params: Vec<Value> = e
+            .params
+            .iter()
+            .enumerate()
+            .map(|(k, t)| b.ins().load(clif_type(*t), flags, args, (8 * k) as i32))
+            .collect();
+        let call = b.ins().call(entry_ref, &params);
+        let results = b.inst_results(call).to_vec();
+        for (k, r) in results.into_iter().enumerate() {
+            b.ins().store(flags, r, rets, (8 * k) as i32);
+        }
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    module
+        .define_function(tramp, &mut ctx)
+        .map_err(|e| CodegenError::Backend(format!("{e:?}")))?;
+    module.clear_context(&mut ctx);
+    module.finalize_definitions().map_err(|e| err(&e))?;
+    let ptr = module.get_finalized_function(tramp);
+    // SAFETY: the trampoline was defined with the `Trampoline` signature.
+    let func = unsafe { std::mem::transmute::<*const u8, Trampoline>(ptr) };
+    Ok(CompiledScalar {
+        program: program.clone(),
+        func,
+        compile_time: t0.elapsed(),
+        _code: Code(Some(module)),
+    })
+}
+
+fn zero(b: &mut FunctionBuilder, t: SType) -> Value {
+    match t {
+        SType::F32 => b.ins().f32const(0.0),
+        SType::F64 => b.ins().f64const(0.0),
+        SType::I64 => b.ins().iconst(types::I64, 0),
+        SType::Bool => b.ins().iconst(types::I8, 0),
+    }
+}
+
+fn constant(b: &mut FunctionBuilder, c: Scalar) -> Value {
+    match c {
+        Scalar::F32(x) => b.ins().f32const(x),
+        Scalar::F64(x) => b.ins().f64const(x),
+        Scalar::I64(i) => b.ins().iconst(types::I64, i),
+        Scalar::Bool(v) => b.ins().iconst(types::I8, v as i64),
+    }
+}
+
+fn unary_inline(b: &mut FunctionBuilder, op: SUnary, t: SType, x: Value) -> Value {
+    match (op, t) {
+        (SUnary::Not, _) => b.ins().bxor_imm_u(x, 1),
+        (SUnary::Neg, SType::I64) => b.ins().ineg(x),
+        (SUnary::Neg, _) => b.ins().fneg(x),
+        (SUnary::Abs, _) => b.ins().fabs(x),
+        (SUnary::Floor | SUnary::Ceil, SType::I64) => x,
+        (SUnary::Floor, _) => b.ins().floor(x),
+        (SUnary::Ceil, _) => b.ins().ceil(x),
+        (SUnary::Sqrt, _) => b.ins().sqrt(x),
+        _ => unreachable!("{op:?} on {t:?} is a call"),
+    }
+}
+
+fn binary_inline(b: &mut FunctionBuilder, op: SBinary, t: SType, x: Value, y: Value) -> Value {
+    if op.is_comparison() {
+        return if t.is_float() {
+            let cc = match op {
+                SBinary::Eq => FloatCC::Equal,
+                SBinary::Ne => FloatCC::NotEqual,
+                SBinary::Lt => FloatCC::LessThan,
+                SBinary::Le => FloatCC::LessThanOrEqual,
+                SBinary::Gt => FloatCC::GreaterThan,
+                _ => FloatCC::GreaterThanOrEqual,
+            };
+            b.ins().fcmp(cc, x, y)
+        } else {
+            // Bools are 0 and 1: unsigned order is false < true.
+            let signed = t == SType::I64;
+            let cc = match (op, signed) {
+                (SBinary::Eq, _) => IntCC::Equal,
+                (SBinary::Ne, _) => IntCC::NotEqual,
+                (SBinary::Lt, true) => IntCC::SignedLessThan,
+                (SBinary::Le, true) => IntCC::SignedLessThanOrEqual,
+                (SBinary::Gt, true) => IntCC::SignedGreaterThan,
+                (SBinary::Ge, true) => IntCC::SignedGreaterThanOrEqual,
+                (SBinary::Lt, false) => IntCC::UnsignedLessThan,
+                (SBinary::Le, false) => IntCC::UnsignedLessThanOrEqual,
+                (SBinary::Gt, false) => IntCC::UnsignedGreaterThan,
+                _ => IntCC::UnsignedGreaterThanOrEqual,
+            };
+            b.ins().icmp(cc, x, y)
+        };
+    }
+    match (op, t.is_float()) {
+        (SBinary::Add, true) => b.ins().fadd(x, y),
+        (SBinary::Sub, true) => b.ins().fsub(x, y),
+        (SBinary::Mul, true) => b.ins().fmul(x, y),
+        (SBinary::Div, true) => b.ins().fdiv(x, y),
+        (SBinary::Add, false) => b.ins().iadd(x, y),
+        (SBinary::Sub, false) => b.ins().isub(x, y),
+        (SBinary::Mul, false) => b.ins().imul(x, y),
+        (SBinary::Maximum, false) => {
+            let ge = b.ins().icmp(IntCC::SignedGreaterThanOrEqual, x, y);
+            b.ins().select(ge, x, y)
+        }
+        (SBinary::Minimum, false) => {
+            let le = b.ins().icmp(IntCC::SignedLessThanOrEqual, x, y);
+            b.ins().select(le, x, y)
+        }
+        (SBinary::And, _) => b.ins().band(x, y),
+        (SBinary::Or, _) => b.ins().bor(x, y),
+        _ => unreachable!("{op:?} on {t:?} is a call or not allowed"),
+    }
+}
+
+/// The runtime's `cast` (Rust `as`; non-zero is `true`).
+fn cast(b: &mut FunctionBuilder, from: SType, to: SType, x: Value) -> Value {
+    use SType::*;
+    match (from, to) {
+        _ if from == to => x,
+        (F64, F32) => b.ins().fdemote(types::F32, x),
+        (F32, F64) => b.ins().fpromote(types::F64, x),
+        // Through f64, as the runtime converts.
+        (I64, F64) => b.ins().fcvt_from_sint(types::F64, x),
+        (I64, F32) => {
+            let d = b.ins().fcvt_from_sint(types::F64, x);
+            b.ins().fdemote(types::F32, d)
+        }
+        (Bool, F32 | F64) => {
+            let w = b.ins().uextend(types::I64, x);
+            b.ins().fcvt_from_sint(clif_type(to), w)
+        }
+        (F32 | F64, I64) => b.ins().fcvt_to_sint_sat(types::I64, x),
+        (Bool, I64) => b.ins().uextend(types::I64, x),
+        (I64, Bool) => b.ins().icmp_imm_s(IntCC::NotEqual, x, 0),
+        (F32, Bool) => {
+            let z = b.ins().f32const(0.0);
+            b.ins().fcmp(FloatCC::NotEqual, x, z)
+        }
+        (F64, Bool) => {
+            let z = b.ins().f64const(0.0);
+            b.ins().fcmp(FloatCC::NotEqual, x, z)
+        }
+        _ => unreachable!("cast {from:?} -> {to:?}"),
+    }
+}

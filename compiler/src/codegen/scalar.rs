@@ -1,0 +1,890 @@
+//! Scalar programs: loops and recursion over scalars, as native functions.
+//!
+//! A [`ScalarProgram`] is a set of first-order functions whose values are
+//! 0-d numbers and bools. Fusion (`fuse::scalar`) builds one from a family
+//! of graphs that inference types as scalars throughout (a loop's header,
+//! body and exit, the `if`s in them, the graphs they call); [`cpu`]
+//! compiles it with Cranelift, every function a native function and every
+//! tail call a native tail call, so a loop of 10^6 iterations runs as a
+//! machine loop in constant stack with no allocation.
+//!
+//! The semantics are those of the runtime's reference kernels on 0-d
+//! tensors: integer arithmetic wraps, float comparisons follow IEEE (`ne`
+//! is true for NaN), transcendental functions are the runtime's own
+//! scalar functions. Operations that can fail at run time (integer
+//! division, integer powers) are not part of the language of this module;
+//! code using them stays with the VM.
+//!
+//! [`cpu`]: crate::codegen::cpu::scalar
+
+use std::fmt;
+
+use adjoint_runtime::kernels::num::{Float, Num};
+use adjoint_runtime::tensor::DType;
+
+/// The type of a scalar value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SType {
+    F32,
+    F64,
+    I64,
+    Bool,
+}
+
+impl SType {
+    /// The scalar type of a runtime dtype, if supported.
+    pub fn of(d: DType) -> Option<SType> {
+        Some(match d {
+            DType::F32 => SType::F32,
+            DType::F64 => SType::F64,
+            DType::I64 => SType::I64,
+            DType::Bool => SType::Bool,
+            _ => return None,
+        })
+    }
+
+    pub fn dtype(self) -> DType {
+        match self {
+            SType::F32 => DType::F32,
+            SType::F64 => DType::F64,
+            SType::I64 => DType::I64,
+            SType::Bool => DType::Bool,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, SType::F32 | SType::F64)
+    }
+}
+
+impl fmt::Display for SType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.dtype(), f)
+    }
+}
+
+/// A scalar value, for constants and the reference interpreter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    F32(f32),
+    F64(f64),
+    I64(i64),
+    Bool(bool),
+}
+
+impl Scalar {
+    pub fn ty(self) -> SType {
+        match self {
+            Scalar::F32(_) => SType::F32,
+            Scalar::F64(_) => SType::F64,
+            Scalar::I64(_) => SType::I64,
+            Scalar::Bool(_) => SType::Bool,
+        }
+    }
+
+    /// The value converted to `to` as the runtime's `cast` does (through
+    /// f64 to a float, Rust `as`, bools as 0 and 1, non-zero to `true`).
+    pub fn cast(self, to: SType) -> Scalar {
+        let f = match self {
+            Scalar::F32(x) => x as f64,
+            Scalar::F64(x) => x,
+            Scalar::I64(i) => {
+                return match to {
+                    SType::F32 => Scalar::F32(i as f64 as f32),
+                    SType::F64 => Scalar::F64(i as f64),
+                    SType::I64 => Scalar::I64(i),
+                    SType::Bool => Scalar::Bool(i != 0),
+                }
+            }
+            Scalar::Bool(b) => {
+                return match to {
+                    SType::F32 => Scalar::F32(b as u8 as f32),
+                    SType::F64 => Scalar::F64(b as u8 as f64),
+                    SType::I64 => Scalar::I64(b as i64),
+                    SType::Bool => Scalar::Bool(b),
+                }
+            }
+        };
+        match (self, to) {
+            (Scalar::F32(x), SType::F32) => Scalar::F32(x),
+            (_, SType::F32) => Scalar::F32(f as f32),
+            (_, SType::F64) => Scalar::F64(f),
+            (Scalar::F32(x), SType::I64) => Scalar::I64(x as i64),
+            (_, SType::I64) => Scalar::I64(f as i64),
+            (_, SType::Bool) => Scalar::Bool(f != 0.0),
+        }
+    }
+
+    /// The value's bits, zero-extended to 64 (bools as 0 and 1).
+    pub fn to_bits(self) -> u64 {
+        match self {
+            Scalar::F32(x) => x.to_bits() as u64,
+            Scalar::F64(x) => x.to_bits(),
+            Scalar::I64(i) => i as u64,
+            Scalar::Bool(b) => b as u64,
+        }
+    }
+
+    /// The value of type `ty` whose bits [`Scalar::to_bits`] gave.
+    pub fn from_bits(ty: SType, bits: u64) -> Scalar {
+        match ty {
+            SType::F32 => Scalar::F32(f32::from_bits(bits as u32)),
+            SType::F64 => Scalar::F64(f64::from_bits(bits)),
+            SType::I64 => Scalar::I64(bits as i64),
+            SType::Bool => Scalar::Bool(bits & 1 != 0),
+        }
+    }
+}
+
+/// Unary operations, by their primitive's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SUnary {
+    Neg,
+    Abs,
+    Sign,
+    Relu,
+    Floor,
+    Ceil,
+    Exp,
+    Log,
+    Log1p,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    Sqrt,
+    Rsqrt,
+    Lgamma,
+    Erf,
+    Digamma,
+    Trigamma,
+    Not,
+}
+
+impl SUnary {
+    pub const ALL: [SUnary; 20] = [
+        SUnary::Neg,
+        SUnary::Abs,
+        SUnary::Sign,
+        SUnary::Relu,
+        SUnary::Floor,
+        SUnary::Ceil,
+        SUnary::Exp,
+        SUnary::Log,
+        SUnary::Log1p,
+        SUnary::Sin,
+        SUnary::Cos,
+        SUnary::Tanh,
+        SUnary::Sigmoid,
+        SUnary::Sqrt,
+        SUnary::Rsqrt,
+        SUnary::Lgamma,
+        SUnary::Erf,
+        SUnary::Digamma,
+        SUnary::Trigamma,
+        SUnary::Not,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SUnary::Neg => "neg",
+            SUnary::Abs => "abs",
+            SUnary::Sign => "sign",
+            SUnary::Relu => "relu",
+            SUnary::Floor => "floor",
+            SUnary::Ceil => "ceil",
+            SUnary::Exp => "exp",
+            SUnary::Log => "log",
+            SUnary::Log1p => "log1p",
+            SUnary::Sin => "sin",
+            SUnary::Cos => "cos",
+            SUnary::Tanh => "tanh",
+            SUnary::Sigmoid => "sigmoid",
+            SUnary::Sqrt => "sqrt",
+            SUnary::Rsqrt => "rsqrt",
+            SUnary::Lgamma => "lgamma",
+            SUnary::Erf => "erf",
+            SUnary::Digamma => "digamma",
+            SUnary::Trigamma => "trigamma",
+            SUnary::Not => "not",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<SUnary> {
+        SUnary::ALL.into_iter().find(|op| op.name() == name)
+    }
+
+    /// The operation on one value of its type (the reference semantics).
+    pub fn eval(self, x: Scalar) -> Scalar {
+        macro_rules! num {
+            ($x:expr, $f:ident) => {
+                match $x {
+                    Scalar::F32(v) => Scalar::F32(Num::$f(v)),
+                    Scalar::F64(v) => Scalar::F64(Num::$f(v)),
+                    Scalar::I64(v) => Scalar::I64(Num::$f(v)),
+                    Scalar::Bool(_) => unreachable!("numeric op on bool"),
+                }
+            };
+        }
+        macro_rules! float {
+            ($x:expr, $f:ident) => {
+                match $x {
+                    Scalar::F32(v) => Scalar::F32(Float::$f(v)),
+                    Scalar::F64(v) => Scalar::F64(Float::$f(v)),
+                    _ => unreachable!("float op on an int"),
+                }
+            };
+        }
+        match self {
+            SUnary::Neg => num!(x, neg),
+            SUnary::Abs => num!(x, abs),
+            SUnary::Sign => num!(x, sign),
+            SUnary::Relu => num!(x, relu),
+            SUnary::Floor => num!(x, floor),
+            SUnary::Ceil => num!(x, ceil),
+            SUnary::Exp => float!(x, exp),
+            SUnary::Log => float!(x, ln),
+            SUnary::Log1p => float!(x, ln_1p),
+            SUnary::Sin => float!(x, sin),
+            SUnary::Cos => float!(x, cos),
+            SUnary::Tanh => float!(x, tanh),
+            SUnary::Sigmoid => float!(x, sigmoid),
+            SUnary::Sqrt => float!(x, sqrt),
+            SUnary::Rsqrt => float!(x, rsqrt),
+            SUnary::Lgamma => float!(x, lgamma),
+            SUnary::Erf => float!(x, erf),
+            SUnary::Digamma => float!(x, digamma),
+            SUnary::Trigamma => float!(x, trigamma),
+            SUnary::Not => match x {
+                Scalar::Bool(b) => Scalar::Bool(!b),
+                _ => unreachable!("not of a number"),
+            },
+        }
+    }
+}
+
+/// Binary operations, by their primitive's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SBinary {
+    Add,
+    Sub,
+    Mul,
+    /// Float division only (integer division can fail).
+    Div,
+    /// Float powers only.
+    Pow,
+    /// Float remainder only.
+    Rem,
+    Maximum,
+    Minimum,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    And,
+    Or,
+}
+
+impl SBinary {
+    pub const ALL: [SBinary; 16] = [
+        SBinary::Add,
+        SBinary::Sub,
+        SBinary::Mul,
+        SBinary::Div,
+        SBinary::Pow,
+        SBinary::Rem,
+        SBinary::Maximum,
+        SBinary::Minimum,
+        SBinary::Eq,
+        SBinary::Ne,
+        SBinary::Lt,
+        SBinary::Le,
+        SBinary::Gt,
+        SBinary::Ge,
+        SBinary::And,
+        SBinary::Or,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SBinary::Add => "add",
+            SBinary::Sub => "sub",
+            SBinary::Mul => "mul",
+            SBinary::Div => "div",
+            SBinary::Pow => "pow",
+            SBinary::Rem => "rem",
+            SBinary::Maximum => "maximum",
+            SBinary::Minimum => "minimum",
+            SBinary::Eq => "eq",
+            SBinary::Ne => "ne",
+            SBinary::Lt => "lt",
+            SBinary::Le => "le",
+            SBinary::Gt => "gt",
+            SBinary::Ge => "ge",
+            SBinary::And => "and",
+            SBinary::Or => "or",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<SBinary> {
+        SBinary::ALL.into_iter().find(|op| op.name() == name)
+    }
+
+    /// Whether the result is a bool whatever the operands.
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            SBinary::Eq | SBinary::Ne | SBinary::Lt | SBinary::Le | SBinary::Gt | SBinary::Ge
+        )
+    }
+
+    /// Whether operands of type `t` are allowed.
+    pub fn accepts(self, t: SType) -> bool {
+        match self {
+            SBinary::Div | SBinary::Pow | SBinary::Rem => t.is_float(),
+            SBinary::Add | SBinary::Sub | SBinary::Mul | SBinary::Maximum | SBinary::Minimum => {
+                t != SType::Bool
+            }
+            SBinary::And | SBinary::Or => t == SType::Bool,
+            _ => true,
+        }
+    }
+
+    /// The operation on two values of one type (the reference semantics).
+    pub fn eval(self, a: Scalar, b: Scalar) -> Scalar {
+        use std::cmp::Ordering;
+        if self.is_comparison() {
+            let ord = match (a, b) {
+                (Scalar::F32(x), Scalar::F32(y)) => x.partial_cmp(&y),
+                (Scalar::F64(x), Scalar::F64(y)) => x.partial_cmp(&y),
+                (Scalar::I64(x), Scalar::I64(y)) => x.partial_cmp(&y),
+                (Scalar::Bool(x), Scalar::Bool(y)) => x.partial_cmp(&y),
+                _ => unreachable!("comparison of mixed types"),
+            };
+            let r = match self {
+                SBinary::Eq => ord == Some(Ordering::Equal),
+                SBinary::Ne => ord != Some(Ordering::Equal),
+                SBinary::Lt => ord == Some(Ordering::Less),
+                SBinary::Le => matches!(ord, Some(Ordering::Less | Ordering::Equal)),
+                SBinary::Gt => ord == Some(Ordering::Greater),
+                _ => matches!(ord, Some(Ordering::Greater | Ordering::Equal)),
+            };
+            return Scalar::Bool(r);
+        }
+        macro_rules! num {
+            ($f:ident) => {
+                match (a, b) {
+                    (Scalar::F32(x), Scalar::F32(y)) => Scalar::F32(Num::$f(x, y)),
+                    (Scalar::F64(x), Scalar::F64(y)) => Scalar::F64(Num::$f(x, y)),
+                    (Scalar::I64(x), Scalar::I64(y)) => Scalar::I64(Num::$f(x, y)),
+                    _ => unreachable!("arithmetic on mixed types"),
+                }
+            };
+        }
+        match self {
+            SBinary::Add => num!(add),
+            SBinary::Sub => num!(sub),
+            SBinary::Mul => num!(mul),
+            SBinary::Div => num!(div),
+            SBinary::Pow => num!(pow),
+            SBinary::Rem => num!(rem),
+            SBinary::Maximum => num!(maximum),
+            SBinary::Minimum => num!(minimum),
+            SBinary::And | SBinary::Or => match (a, b) {
+                (Scalar::Bool(x), Scalar::Bool(y)) => {
+                    Scalar::Bool(if self == SBinary::And { x && y } else { x || y })
+                }
+                _ => unreachable!("logical op on numbers"),
+            },
+            _ => unreachable!("comparisons are handled above"),
+        }
+    }
+}
+
+/// A value of a function: parameters are `0..params.len()`, then one per
+/// result of each instruction, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SVal(pub u32);
+
+/// The index of a function in [`ScalarProgram::funcs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FuncIdx(pub u32);
+
+/// A call: the function and its arguments (of its parameter types).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SCall {
+    pub func: FuncIdx,
+    pub args: Vec<SVal>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum SOp {
+    Const(Scalar),
+    /// The operand and result have the same type.
+    Unary(SUnary, SVal),
+    /// Operands of one type; the result has it too, except comparisons
+    /// (bool).
+    Binary(SBinary, SVal, SVal),
+    /// The runtime's `cast` to the result's type.
+    Cast(SVal),
+    /// `if c { a } else { b }`, both evaluated.
+    Select(SVal, SVal, SVal),
+    /// The callee's results.
+    Call(SCall),
+    /// One of two calls of functions with the same result types.
+    CallIf(SVal, SCall, SCall),
+}
+
+/// An instruction and the types of its results (one, except calls).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SInst {
+    pub op: SOp,
+    pub results: Vec<SType>,
+}
+
+/// How a function ends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum STerm {
+    Return(Vec<SVal>),
+    /// A tail call: the caller's frame is reused (loops).
+    TailCall(SCall),
+    TailCallIf(SVal, SCall, SCall),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SFunc {
+    pub name: String,
+    pub params: Vec<SType>,
+    pub results: Vec<SType>,
+    pub body: Vec<SInst>,
+    pub term: STerm,
+}
+
+impl SFunc {
+    /// The type of every value, parameters first.
+    pub fn value_types(&self) -> Vec<SType> {
+        let mut tys = self.params.clone();
+        for inst in &self.body {
+            tys.extend_from_slice(&inst.results);
+        }
+        tys
+    }
+}
+
+/// Functions, the first of which is the entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScalarProgram {
+    pub funcs: Vec<SFunc>,
+}
+
+impl ScalarProgram {
+    pub fn entry(&self) -> &SFunc {
+        &self.funcs[0]
+    }
+
+    /// Checks that every value is defined before it is used and has the
+    /// type its use needs, and that calls match their callees. Codegen
+    /// relies on it.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.funcs.is_empty() {
+            return Err("a scalar program needs a function".into());
+        }
+        for f in &self.funcs {
+            let tys = f.value_types();
+            let mut defined = f.params.len();
+            let ty = |v: SVal, defined: usize| -> Result<SType, String> {
+                if (v.0 as usize) < defined {
+                    Ok(tys[v.0 as usize])
+                } else {
+                    Err(format!(
+                        "{}: value {} used before it is defined",
+                        f.name, v.0
+                    ))
+                }
+            };
+            let call = |c: &SCall, defined: usize| -> Result<&[SType], String> {
+                let callee = self
+                    .funcs
+                    .get(c.func.0 as usize)
+                    .ok_or_else(|| format!("{}: no function {}", f.name, c.func.0))?;
+                if callee.params.len() != c.args.len() {
+                    return Err(format!(
+                        "{}: call of {} with wrong arity",
+                        f.name, callee.name
+                    ));
+                }
+                for (a, p) in c.args.iter().zip(&callee.params) {
+                    if ty(*a, defined)? != *p {
+                        return Err(format!(
+                            "{}: argument type mismatch in call of {}",
+                            f.name, callee.name
+                        ));
+                    }
+                }
+                Ok(&callee.results)
+            };
+            for inst in &f.body {
+                let bad = || format!("{}: ill-typed {:?}", f.name, inst.op);
+                let one = |t: SType| inst.results == [t];
+                let ok = match &inst.op {
+                    SOp::Const(c) => one(c.ty()),
+                    SOp::Unary(op, x) => {
+                        let t = ty(*x, defined)?;
+                        one(t)
+                            && match op {
+                                SUnary::Not => t == SType::Bool,
+                                SUnary::Neg
+                                | SUnary::Abs
+                                | SUnary::Sign
+                                | SUnary::Relu
+                                | SUnary::Floor
+                                | SUnary::Ceil => t != SType::Bool,
+                                _ => t.is_float(),
+                            }
+                    }
+                    SOp::Binary(op, a, b) => {
+                        let (ta, tb) = (ty(*a, defined)?, ty(*b, defined)?);
+                        ta == tb
+                            && op.accepts(ta)
+                            && one(if op.is_comparison() { SType::Bool } else { ta })
+                    }
+                    SOp::Cast(x) => {
+                        ty(*x, defined)?;
+                        inst.results.len() == 1
+                    }
+                    SOp::Select(c, a, b) => {
+                        let (tc, ta, tb) = (ty(*c, defined)?, ty(*a, defined)?, ty(*b, defined)?);
+                        tc == SType::Bool && ta == tb && one(ta)
+                    }
+                    SOp::Call(c) => call(c, defined)? == inst.results.as_slice(),
+                    SOp::CallIf(cond, a, b) => {
+                        ty(*cond, defined)? == SType::Bool
+                            && call(a, defined)? == inst.results.as_slice()
+                            && call(b, defined)? == inst.results.as_slice()
+                    }
+                };
+                if !ok {
+                    return Err(bad());
+                }
+                defined += inst.results.len();
+            }
+            let ok = match &f.term {
+                STerm::Return(vs) => {
+                    let got: Result<Vec<SType>, String> =
+                        vs.iter().map(|v| ty(*v, defined)).collect();
+                    got? == f.results
+                }
+                STerm::TailCall(c) => call(c, defined)? == f.results.as_slice(),
+                STerm::TailCallIf(cond, a, b) => {
+                    ty(*cond, defined)? == SType::Bool
+                        && call(a, defined)? == f.results.as_slice()
+                        && call(b, defined)? == f.results.as_slice()
+                }
+            };
+            if !ok {
+                return Err(format!("{}: the end does not give the results", f.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the program on `args` (the reference semantics, for tests),
+    /// with at most `fuel` calls.
+    pub fn eval(&self, args: &[Scalar], fuel: usize) -> Option<Vec<Scalar>> {
+        let mut fuel = fuel;
+        self.run(FuncIdx(0), args.to_vec(), &mut fuel)
+    }
+
+    fn run(&self, func: FuncIdx, args: Vec<Scalar>, fuel: &mut usize) -> Option<Vec<Scalar>> {
+        let (mut func, mut args) = (func, args);
+        loop {
+            *fuel = fuel.checked_sub(1)?;
+            let f = &self.funcs[func.0 as usize];
+            let mut vals = args;
+            for inst in &f.body {
+                let v = |x: &SVal| vals[x.0 as usize];
+                let out = match &inst.op {
+                    SOp::Const(c) => vec![*c],
+                    SOp::Unary(op, x) => vec![op.eval(v(x))],
+                    SOp::Binary(op, a, b) => vec![op.eval(v(a), v(b))],
+                    SOp::Cast(x) => vec![v(x).cast(inst.results[0])],
+                    SOp::Select(c, a, b) => {
+                        vec![if v(c) == Scalar::Bool(true) {
+                            v(a)
+                        } else {
+                            v(b)
+                        }]
+                    }
+                    SOp::Call(c) => self.run(c.func, c.args.iter().map(v).collect(), fuel)?,
+                    SOp::CallIf(c, a, b) => {
+                        let pick = if v(c) == Scalar::Bool(true) { a } else { b };
+                        self.run(pick.func, pick.args.iter().map(v).collect(), fuel)?
+                    }
+                };
+                vals.extend(out);
+            }
+            let v = |x: &SVal| vals[x.0 as usize];
+            let next = match &f.term {
+                STerm::Return(vs) => return Some(vs.iter().map(v).collect()),
+                STerm::TailCall(c) => c,
+                STerm::TailCallIf(c, a, b) => {
+                    if v(c) == Scalar::Bool(true) {
+                        a
+                    } else {
+                        b
+                    }
+                }
+            };
+            args = next.args.iter().map(v).collect();
+            func = next.func;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codegen::cpu::scalar::compile_scalar;
+    use proptest::prelude::*;
+
+    fn inst(op: SOp, t: SType) -> SInst {
+        SInst {
+            op,
+            results: vec![t],
+        }
+    }
+
+    /// `iterate(i, x, n)`: `x <- sin(x) * x + 0.5` while `i < n`, as a
+    /// header that tail-calls a body or an exit; returns `(x, i)`.
+    fn iterate() -> ScalarProgram {
+        use SType::*;
+        let call = |f, args: &[u32]| SCall {
+            func: FuncIdx(f),
+            args: args.iter().map(|a| SVal(*a)).collect(),
+        };
+        let header = SFunc {
+            name: "header".into(),
+            params: vec![I64, F64, I64],
+            results: vec![F64, I64],
+            body: vec![inst(SOp::Binary(SBinary::Lt, SVal(0), SVal(2)), Bool)],
+            term: STerm::TailCallIf(SVal(3), call(1, &[0, 1, 2]), call(2, &[0, 1, 2])),
+        };
+        let body = SFunc {
+            name: "body".into(),
+            params: vec![I64, F64, I64],
+            results: vec![F64, I64],
+            body: vec![
+                inst(SOp::Unary(SUnary::Sin, SVal(1)), F64),
+                inst(SOp::Binary(SBinary::Mul, SVal(3), SVal(1)), F64),
+                inst(SOp::Const(Scalar::F64(0.5)), F64),
+                inst(SOp::Binary(SBinary::Add, SVal(4), SVal(5)), F64),
+                inst(SOp::Const(Scalar::I64(1)), I64),
+                inst(SOp::Binary(SBinary::Add, SVal(0), SVal(7)), I64),
+            ],
+            term: STerm::TailCall(call(0, &[8, 6, 2])),
+        };
+        let exit = SFunc {
+            name: "exit".into(),
+            params: vec![I64, F64, I64],
+            results: vec![F64, I64],
+            body: vec![],
+            term: STerm::Return(vec![SVal(1), SVal(0)]),
+        };
+        ScalarProgram {
+            funcs: vec![header, body, exit],
+        }
+    }
+
+    #[test]
+    fn a_loop_runs_natively_as_the_interpreter_does() {
+        let p = iterate();
+        p.validate().unwrap();
+        let native = compile_scalar(&p).unwrap();
+        for n in [0i64, 1, 7, 1000] {
+            let args = [Scalar::I64(0), Scalar::F64(0.3), Scalar::I64(n)];
+            let want = p.eval(&args, 10_000).unwrap();
+            assert_eq!(native.call(&args).unwrap(), want, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn a_million_iterations_run_in_constant_stack() {
+        let p = iterate();
+        let native = compile_scalar(&p).unwrap();
+        let r = native
+            .call(&[Scalar::I64(0), Scalar::F64(0.3), Scalar::I64(1_000_000)])
+            .unwrap();
+        assert_eq!(r[1], Scalar::I64(1_000_000));
+    }
+
+    #[test]
+    fn ill_typed_programs_are_refused() {
+        let mut p = iterate();
+        // The body's tail call passes the f64 where the i64 goes.
+        p.funcs[1].term = STerm::TailCall(SCall {
+            func: FuncIdx(0),
+            args: vec![SVal(6), SVal(8), SVal(2)],
+        });
+        assert!(p.validate().is_err());
+        assert!(compile_scalar(&p).is_err());
+        let native = compile_scalar(&iterate()).unwrap();
+        assert!(native.call(&[Scalar::F64(0.0)]).is_err());
+    }
+
+    /// A random straight-line function over one value of each type, run
+    /// inside a counted loop; every operation the back end knows, with
+    /// casts between the types.
+    fn random_program(ops: &[(u8, u8, u8)], trips: i64) -> ScalarProgram {
+        use SType::*;
+        // Values 0..4 are the parameters (f64, f32, i64, bool) and 4 the
+        // counter; each step makes a new value of one type from the
+        // latest values of each type.
+        let mut body = Vec::new();
+        let mut latest = [SVal(0), SVal(1), SVal(2), SVal(3)];
+        let tys = [F64, F32, I64, Bool];
+        let mut next = 5u32;
+        let mut push = |body: &mut Vec<SInst>, op: SOp, t: SType| {
+            body.push(SInst {
+                op,
+                results: vec![t],
+            });
+            next += 1;
+            SVal(next - 1)
+        };
+        for &(kind, a, b) in ops {
+            let ti = (a % 4) as usize;
+            let t = tys[ti];
+            let x = latest[ti];
+            let v = match kind % 5 {
+                0 => {
+                    let op = SUnary::ALL[b as usize % SUnary::ALL.len()];
+                    let ok = match op {
+                        SUnary::Not => t == Bool,
+                        SUnary::Neg
+                        | SUnary::Abs
+                        | SUnary::Sign
+                        | SUnary::Relu
+                        | SUnary::Floor
+                        | SUnary::Ceil => t != Bool,
+                        _ => t.is_float(),
+                    };
+                    if !ok {
+                        continue;
+                    }
+                    push(&mut body, SOp::Unary(op, x), t)
+                }
+                1 => {
+                    let op = SBinary::ALL[b as usize % SBinary::ALL.len()];
+                    if !op.accepts(t) {
+                        continue;
+                    }
+                    let y = latest[(ti + 1) % 4];
+                    let y = if tys[(ti + 1) % 4] == t {
+                        y
+                    } else {
+                        push(&mut body, SOp::Cast(y), t)
+                    };
+                    let r = if op.is_comparison() { Bool } else { t };
+                    let v = push(&mut body, SOp::Binary(op, x, y), r);
+                    latest[tys.iter().position(|u| *u == r).unwrap()] = v;
+                    continue;
+                }
+                2 => {
+                    let to = tys[b as usize % 4];
+                    let v = push(&mut body, SOp::Cast(x), to);
+                    latest[b as usize % 4] = v;
+                    continue;
+                }
+                3 => {
+                    let c = latest[3];
+                    let y = latest[(ti + 2) % 4];
+                    let y = if tys[(ti + 2) % 4] == t {
+                        y
+                    } else {
+                        push(&mut body, SOp::Cast(y), t)
+                    };
+                    push(&mut body, SOp::Select(c, x, y), t)
+                }
+                _ => {
+                    let c = match t {
+                        F64 => Scalar::F64(b as f64 / 7.0 - 10.0),
+                        F32 => Scalar::F32(b as f32 / 3.0),
+                        I64 => Scalar::I64(b as i64 - 100),
+                        Bool => Scalar::Bool(b % 2 == 0),
+                    };
+                    push(&mut body, SOp::Const(c), t)
+                }
+            };
+            latest[ti] = v;
+        }
+        let one = push(&mut body, SOp::Const(Scalar::I64(1)), I64);
+        let i1 = push(&mut body, SOp::Binary(SBinary::Add, SVal(4), one), I64);
+        let n = push(&mut body, SOp::Const(Scalar::I64(trips)), I64);
+        let go = push(&mut body, SOp::Binary(SBinary::Lt, i1, n), Bool);
+        let mut args: Vec<SVal> = latest.to_vec();
+        args.push(i1);
+        let step = SFunc {
+            name: "step".into(),
+            params: vec![F64, F32, I64, Bool, I64],
+            results: vec![F64, F32, I64, Bool],
+            body,
+            term: STerm::TailCallIf(
+                go,
+                SCall {
+                    func: FuncIdx(0),
+                    args: args.clone(),
+                },
+                SCall {
+                    func: FuncIdx(1),
+                    args,
+                },
+            ),
+        };
+        let done = SFunc {
+            name: "done".into(),
+            params: vec![F64, F32, I64, Bool, I64],
+            results: vec![F64, F32, I64, Bool],
+            body: vec![],
+            term: STerm::Return(vec![SVal(0), SVal(1), SVal(2), SVal(3)]),
+        };
+        ScalarProgram {
+            funcs: vec![step, done],
+        }
+    }
+
+    /// Equal values, NaNs equal to each other.
+    fn same(a: &[Scalar], b: &[Scalar]) -> bool {
+        a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Scalar::F64(p), Scalar::F64(q)) => {
+                p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())
+            }
+            (Scalar::F32(p), Scalar::F32(q)) => {
+                p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())
+            }
+            _ => x == y,
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn native_code_agrees_with_the_interpreter(
+            ops in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 1..40),
+            trips in 1i64..20,
+            x in -4.0f64..4.0,
+            y in -4.0f32..4.0,
+            k in -50i64..50,
+            c in any::<bool>(),
+        ) {
+            let p = random_program(&ops, trips);
+            p.validate().unwrap();
+            let native = compile_scalar(&p).unwrap();
+            let args = [Scalar::F64(x), Scalar::F32(y), Scalar::I64(k), Scalar::Bool(c), Scalar::I64(0)];
+            let want = p.eval(&args, 100).unwrap();
+            let got = native.call(&args).unwrap();
+            prop_assert!(same(&got, &want), "{got:?} != {want:?} for {p:#?}");
+        }
+    }
+}

@@ -1,0 +1,768 @@
+//! Scalar regions: loops and recursion over scalars, compiled whole.
+//!
+//! A loop lowers to a family of graphs (header, body, exit, the `if`s
+//! inside) that call each other; the VM runs each iteration as calls on
+//! heap-allocated 0-d tensors. When inference types every value of such a
+//! family as a scalar (f32, f64, i64 or bool, or tuples of them), the
+//! family is a [`ScalarProgram`]: one function per graph, whose parameters
+//! are the graph's, then its free variables (the lambda lifting the VM does
+//! with closures, done statically), and whose tail calls stay tail calls.
+//! The call that enters the family from VM code becomes one native
+//! kernel ([`ScalarKernel`]).
+//!
+//! A graph belongs to a region when
+//! - inference saw all its calls (it is not *escaped*) and every parameter,
+//!   free variable and node of it has a static scalar type;
+//! - every node is an element-wise primitive with a native form (integer
+//!   division and powers, which can fail, are not), `cast`, a `switch` on
+//!   values, tuple building and projection, a call of a graph of the
+//!   region, or a `switch` between two graphs of the region that is then
+//!   called (an `if`, a loop's test);
+//! - it is not on a cycle of non-tail calls: recursion that needs a stack
+//!   (`fib`) stays with the VM, whose frames are on the heap, so native
+//!   stack depth is bounded by the number of functions.
+//!
+//! Only a region with a cycle (a loop) is worth a kernel; straight-line
+//! scalar code is left to the VM.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use adjoint_runtime::dtype::{self, WeakDType};
+use adjoint_runtime::error::RtError;
+use adjoint_runtime::tensor::{DType, Tensor};
+use adjoint_runtime::value::Value;
+use adjoint_runtime::vm::NativeKernel;
+use petgraph::algo::tarjan_scc;
+use petgraph::graph::DiGraph;
+
+use super::{form, Group, Plan};
+use crate::codegen::cpu::scalar::{compile_scalar, CompiledScalar};
+use crate::codegen::scalar::{
+    FuncIdx, SBinary, SCall, SFunc, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
+};
+use crate::infer::{AbsVal, Types};
+use crate::ir::analysis::{graph_body_with, FreeVars};
+use crate::ir::{Const, GraphId, Module, NodeId};
+use crate::prim::Prim;
+
+/// The structure of a value made of scalars.
+#[derive(Clone, Debug, PartialEq)]
+enum Shape {
+    Scalar(SType, bool),
+    Tuple(Vec<Shape>),
+}
+
+impl Shape {
+    fn of(v: &AbsVal) -> Option<Shape> {
+        match v {
+            AbsVal::Tensor(t) if t.shape.is_empty() => {
+                Some(Shape::Scalar(SType::of(t.dtype)?, t.weak))
+            }
+            AbsVal::Tuple(items) => items
+                .iter()
+                .map(Shape::of)
+                .collect::<Option<_>>()
+                .map(Shape::Tuple),
+            _ => None,
+        }
+    }
+
+    /// The scalar types, depth first.
+    fn flat(&self) -> Vec<SType> {
+        let mut out = Vec::new();
+        self.flatten(&mut out);
+        out
+    }
+
+    fn flatten(&self, out: &mut Vec<SType>) {
+        match self {
+            Shape::Scalar(t, _) => out.push(*t),
+            Shape::Tuple(items) => items.iter().for_each(|s| s.flatten(out)),
+        }
+    }
+
+    fn scalar(&self) -> Option<(SType, bool)> {
+        match self {
+            Shape::Scalar(t, w) => Some((*t, *w)),
+            Shape::Tuple(_) => None,
+        }
+    }
+
+    fn width(&self) -> usize {
+        match self {
+            Shape::Scalar(..) => 1,
+            Shape::Tuple(items) => items.iter().map(Shape::width).sum(),
+        }
+    }
+
+    /// Builds the runtime value from flattened scalars.
+    fn value(&self, vals: &mut impl Iterator<Item = Scalar>) -> Result<Value, RtError> {
+        Ok(match self {
+            Shape::Scalar(_, weak) => {
+                let s = vals
+                    .next()
+                    .ok_or_else(|| RtError::internal("scalar kernel: too few results"))?;
+                let t = match s {
+                    Scalar::F32(x) => Tensor::scalar_f32(x),
+                    Scalar::F64(x) => Tensor::scalar_f64(x),
+                    Scalar::I64(x) => Tensor::scalar_i64(x),
+                    Scalar::Bool(x) => Tensor::scalar_bool(x),
+                };
+                Value::Tensor(t.with_weak(*weak && s.ty() != SType::Bool))
+            }
+            Shape::Tuple(items) => Value::tuple(
+                items
+                    .iter()
+                    .map(|s| s.value(vals))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        })
+    }
+}
+
+/// The type of a literal as an operand, and its value.
+fn literal(c: &Const) -> Option<(Scalar, WeakDType)> {
+    Some(match c {
+        Const::Int(i) => (Scalar::I64(*i), (DType::I64, true)),
+        Const::Float(x) => (Scalar::F64(*x), (DType::F64, true)),
+        Const::Bool(b) => (Scalar::Bool(*b), (DType::Bool, false)),
+        _ => return None,
+    })
+}
+
+/// What the analysis learnt about a graph that may join a region.
+struct Info {
+    /// Graphs it calls, with whether the call is its tail call.
+    calls: Vec<(GraphId, bool)>,
+}
+
+struct Cx<'a> {
+    m: &'a Module,
+    types: &'a Types,
+    fv: &'a FreeVars,
+}
+
+impl Cx<'_> {
+    fn shape(&self, n: NodeId) -> Option<Shape> {
+        match self.m.as_const(n) {
+            Some(Const::Unit) => Some(Shape::Tuple(Vec::new())),
+            Some(c) => literal(c).map(|(s, _)| Shape::Scalar(s.ty(), s.ty() != SType::Bool)),
+            None => Shape::of(&self.types.value_of(n)?),
+        }
+    }
+
+    /// The operand type of `n` for the promotion rules.
+    fn weak_dtype(&self, n: NodeId) -> Option<WeakDType> {
+        match self.m.as_const(n) {
+            Some(c) => literal(c).map(|(_, w)| w),
+            None => self.shape(n)?.scalar().map(|(t, w)| (t.dtype(), w)),
+        }
+    }
+
+    fn graph_const(&self, n: NodeId) -> Option<GraphId> {
+        match self.m.as_const(n) {
+            Some(Const::Graph(h)) => Some(*h),
+            _ => None,
+        }
+    }
+
+    /// `switch(c, @a, @b)`: the two graphs.
+    fn choice(&self, n: NodeId) -> Option<(NodeId, GraphId, GraphId)> {
+        if self.m.applied_prim(n) != Some(Prim::Switch) {
+            return None;
+        }
+        let ins = self.m.inputs(n);
+        if ins.len() != 4 {
+            return None;
+        }
+        Some((ins[1], self.graph_const(ins[2])?, self.graph_const(ins[3])?))
+    }
+
+    /// The local conditions on `g`; `None` if it cannot join a region.
+    fn analyze(&self, g: GraphId) -> Option<Info> {
+        let (m, types) = (self.m, self.types);
+        if types.is_escaped(g) || types.specs_of(g).is_empty() {
+            return None;
+        }
+        let graph = m.graph(g);
+        let out = graph.output?;
+        for &p in graph.params.iter().chain(self.fv.get(g)) {
+            self.shape(p)?.scalar()?;
+        }
+        self.shape(out)?;
+        let body = graph_body_with(m, g, self.fv);
+        let choices: HashSet<NodeId> = body
+            .iter()
+            .copied()
+            .filter(|n| self.choice(*n).is_some())
+            .collect();
+        let mut calls = Vec::new();
+        for &n in &body {
+            let ins = m.inputs(n);
+            let &head = ins.first()?;
+            // Graph constants and choices may only be called (or chosen).
+            for (k, &i) in ins.iter().enumerate() {
+                let chosen = choices.contains(&n) && k >= 2;
+                if (self.graph_const(i).is_some() || choices.contains(&i)) && k != 0 && !chosen {
+                    return None;
+                }
+            }
+            if choices.contains(&n) {
+                if self.weak_dtype(ins[1])?.0 != DType::Bool {
+                    return None;
+                }
+                continue;
+            }
+            if let Some(h) = self.graph_const(head) {
+                calls.push((h, n == out));
+                continue;
+            }
+            if let Some((_, a, b)) = choices.contains(&head).then(|| self.choice(head)).flatten() {
+                calls.push((a, n == out));
+                calls.push((b, n == out));
+                continue;
+            }
+            let p = m.applied_prim(n)?;
+            self.check_prim(n, p)?;
+        }
+        if choices.contains(&out) || self.graph_const(out).is_some() {
+            return None;
+        }
+        Some(Info { calls })
+    }
+
+    /// Whether primitive application `n` has a native scalar form.
+    fn check_prim(&self, n: NodeId, p: Prim) -> Option<()> {
+        let ins = &self.m.inputs(n)[1..];
+        let result = self.shape(n)?;
+        match p {
+            Prim::MakeTuple => {
+                for &i in ins {
+                    self.shape(i)?;
+                }
+            }
+            Prim::TupleGet => {
+                let Shape::Tuple(items) = self.shape(ins[0])? else {
+                    return None;
+                };
+                let k = self.const_index(ins[1])?;
+                (k < items.len()).then_some(())?;
+            }
+            Prim::Switch => {
+                let (r, _) = result.scalar()?;
+                if self.weak_dtype(ins[0])?.0 != DType::Bool {
+                    return None;
+                }
+                for &i in &ins[1..] {
+                    if self.weak_dtype(i)?.0 != r.dtype() {
+                        return None;
+                    }
+                }
+            }
+            Prim::Cast => {
+                result.scalar()?;
+                self.weak_dtype(ins[0])?;
+            }
+            _ => {
+                let (r, _) = result.scalar()?;
+                if let Some(op) = SUnary::from_name(p.name()) {
+                    let x = self.weak_dtype(*ins.first()?)?;
+                    let (d, _) = dtype::unary_result(op.name(), x).ok()?;
+                    (ins.len() == 1 && d == r.dtype()).then_some(())?;
+                } else if let Some(op) = SBinary::from_name(p.name()) {
+                    if ins.len() != 2 {
+                        return None;
+                    }
+                    let (a, b) = (self.weak_dtype(ins[0])?, self.weak_dtype(ins[1])?);
+                    let (c, _) = dtype::binary_operands(op.name(), a, b).ok()?;
+                    let (d, _) = dtype::binary_result(op.name(), a, b).ok()?;
+                    (op.accepts(SType::of(c)?) && d == r.dtype()).then_some(())?;
+                } else {
+                    return None;
+                }
+            }
+        }
+        Some(())
+    }
+
+    fn const_index(&self, n: NodeId) -> Option<usize> {
+        match self.m.as_const(n) {
+            Some(Const::Int(i)) => usize::try_from(*i).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// The graphs that can be compiled, closed under calls, with no cycle of
+/// non-tail calls.
+fn compilable(cx: &Cx, graphs: &[GraphId]) -> HashMap<GraphId, Info> {
+    let mut ok: HashMap<GraphId, Info> = graphs
+        .iter()
+        .filter_map(|g| cx.analyze(*g).map(|i| (*g, i)))
+        .collect();
+    loop {
+        let before = ok.len();
+        // Closed under calls.
+        let bad: Vec<GraphId> = ok
+            .iter()
+            .filter(|(_, i)| i.calls.iter().any(|(h, _)| !ok.contains_key(h)))
+            .map(|(g, _)| *g)
+            .collect();
+        for g in bad {
+            ok.remove(&g);
+        }
+        // No recursion through non-tail calls.
+        let mut dg: DiGraph<GraphId, bool> = DiGraph::new();
+        let mut idx = HashMap::new();
+        let mut keys: Vec<GraphId> = ok.keys().copied().collect();
+        keys.sort_by_key(|g| g.0);
+        for g in &keys {
+            idx.insert(*g, dg.add_node(*g));
+        }
+        for g in &keys {
+            for (h, tail) in &ok[g].calls {
+                if let Some(&j) = idx.get(h) {
+                    dg.add_edge(idx[g], j, *tail);
+                }
+            }
+        }
+        let mut scc_of = HashMap::new();
+        for (k, scc) in tarjan_scc(&dg).into_iter().enumerate() {
+            for n in scc {
+                scc_of.insert(dg[n], k);
+            }
+        }
+        let bad: HashSet<usize> = keys
+            .iter()
+            .flat_map(|g| {
+                ok[g]
+                    .calls
+                    .iter()
+                    .filter(|(h, tail)| !tail && ok.contains_key(h) && scc_of[h] == scc_of[g])
+                    .map(|_| scc_of[g])
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        ok.retain(|g, _| !bad.contains(&scc_of[g]));
+        if ok.len() == before {
+            return ok;
+        }
+    }
+}
+
+/// The graphs a region entered at `g` runs, `g` first, and whether they
+/// contain a cycle.
+fn region(ok: &HashMap<GraphId, Info>, g: GraphId) -> (Vec<GraphId>, bool) {
+    let mut order = vec![g];
+    let mut seen: HashSet<GraphId> = HashSet::from([g]);
+    let mut k = 0;
+    while k < order.len() {
+        for (h, _) in &ok[&order[k]].calls {
+            if seen.insert(*h) {
+                order.push(*h);
+            }
+        }
+        k += 1;
+    }
+    // A cycle: some graph reaches itself.
+    let cyclic = order.iter().any(|&s| {
+        let mut stack: Vec<GraphId> = ok[&s].calls.iter().map(|(h, _)| *h).collect();
+        let mut visited = HashSet::new();
+        while let Some(x) = stack.pop() {
+            if x == s {
+                return true;
+            }
+            if visited.insert(x) {
+                stack.extend(ok[&x].calls.iter().map(|(h, _)| *h));
+            }
+        }
+        false
+    });
+    (order, cyclic)
+}
+
+/// Adds a group for every call from VM code into a loop over scalars.
+pub(super) fn scalar_groups(
+    m: &Module,
+    graphs: &[GraphId],
+    types: &Types,
+    fv: &FreeVars,
+    plan: &mut Plan,
+) {
+    if std::env::var_os("ADJOINT_NO_SCALAR_JIT").is_some() {
+        return;
+    }
+    let cx = Cx { m, types, fv };
+    let ok = compilable(&cx, graphs);
+    if ok.is_empty() {
+        return;
+    }
+    let mut native: HashSet<GraphId> = HashSet::new();
+    let mut programs: HashMap<GraphId, Option<Arc<ScalarKernel>>> = HashMap::new();
+    // VM code first, then compilable graphs that no region runs (reached
+    // through closures the VM calls).
+    for pass in 0..2 {
+        for &h in graphs {
+            if (pass == 0) == ok.contains_key(&h) || native.contains(&h) {
+                continue;
+            }
+            for n in graph_body_with(m, h, fv) {
+                let Some(g) = m.inputs(n).first().and_then(|c| cx.graph_const(*c)) else {
+                    continue;
+                };
+                if !ok.contains_key(&g) || plan.member_of.contains_key(&n) {
+                    continue;
+                }
+                let (order, cyclic) = region(&ok, g);
+                if !cyclic || !entry_types_match(&cx, n, g) {
+                    continue;
+                }
+                let kernel = programs
+                    .entry(g)
+                    .or_insert_with(|| build(&cx, &order).map(Arc::new))
+                    .clone();
+                let Some(kernel) = kernel else {
+                    continue;
+                };
+                native.extend(order.iter().copied());
+                let mut inputs: Vec<NodeId> = m.inputs(n)[1..].to_vec();
+                inputs.extend(fv.get(g).iter().copied());
+                let gi = plan.groups.len();
+                plan.member_of.insert(n, gi);
+                plan.groups.push(Group {
+                    graph: h,
+                    graph_name: m.graph(h).name.clone(),
+                    members: vec![n],
+                    inputs,
+                    outputs: vec![n],
+                    recomputed: Vec::new(),
+                    description: kernel.describe(),
+                    form: form::KernelForm::Scalar(kernel.compiled.program().clone()),
+                    kernel,
+                });
+            }
+        }
+    }
+}
+
+/// Whether the arguments of call `n` have the parameter types of `g`.
+fn entry_types_match(cx: &Cx, n: NodeId, g: GraphId) -> bool {
+    let args = &cx.m.inputs(n)[1..];
+    let params = &cx.m.graph(g).params;
+    args.len() == params.len()
+        && args
+            .iter()
+            .zip(params)
+            .all(|(a, p)| match (cx.weak_dtype(*a), cx.weak_dtype(*p)) {
+                (Some(x), Some(y)) => x.0 == y.0,
+                _ => false,
+            })
+}
+
+/// Builds and compiles the program of a region.
+fn build(cx: &Cx, order: &[GraphId]) -> Option<ScalarKernel> {
+    let index: HashMap<GraphId, u32> = order
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (*g, i as u32))
+        .collect();
+    let mut funcs = Vec::new();
+    for &g in order {
+        funcs.push(FuncBuilder::new(cx, g, &index)?.build()?);
+    }
+    let program = ScalarProgram { funcs };
+    if let Err(e) = program.validate() {
+        if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
+            eprintln!("scalar region @{}: {e}", cx.m.graph(order[0]).name);
+        }
+        return None;
+    }
+    let compiled = compile_scalar(&program).ok()?;
+    let g = order[0];
+    let params = program.funcs[0].params.clone();
+    let result = cx.shape(cx.m.graph(g).output?)?;
+    Some(ScalarKernel {
+        name: format!("scalar loop @{}", cx.m.graph(g).name),
+        graphs: order.iter().map(|g| cx.m.graph(*g).name.clone()).collect(),
+        params,
+        result,
+        compiled,
+    })
+}
+
+struct FuncBuilder<'a, 'c> {
+    cx: &'a Cx<'c>,
+    g: GraphId,
+    index: &'a HashMap<GraphId, u32>,
+    params: Vec<SType>,
+    body: Vec<SInst>,
+    next: u32,
+    vals: HashMap<NodeId, Vec<SVal>>,
+}
+
+impl<'a, 'c> FuncBuilder<'a, 'c> {
+    fn new(cx: &'a Cx<'c>, g: GraphId, index: &'a HashMap<GraphId, u32>) -> Option<Self> {
+        let mut b = FuncBuilder {
+            cx,
+            g,
+            index,
+            params: Vec::new(),
+            body: Vec::new(),
+            next: 0,
+            vals: HashMap::new(),
+        };
+        let graph = cx.m.graph(g);
+        for &p in graph.params.iter().chain(cx.fv.get(g)) {
+            let (t, _) = cx.shape(p)?.scalar()?;
+            b.params.push(t);
+            b.vals.insert(p, vec![SVal(b.next)]);
+            b.next += 1;
+        }
+        Some(b)
+    }
+
+    fn push(&mut self, op: SOp, results: Vec<SType>) -> Vec<SVal> {
+        let vs: Vec<SVal> = (0..results.len())
+            .map(|k| SVal(self.next + k as u32))
+            .collect();
+        self.next += results.len() as u32;
+        self.body.push(SInst { op, results });
+        vs
+    }
+
+    /// The flattened values of `n` with the types of `shape` (literals
+    /// are made of that type).
+    fn values(&mut self, n: NodeId, shape: &Shape) -> Option<Vec<SVal>> {
+        if let Some(c) = self.cx.m.as_const(n) {
+            if *c == Const::Unit {
+                return (*shape == Shape::Tuple(Vec::new())).then(Vec::new);
+            }
+            let (s, _) = literal(c)?;
+            let (t, _) = shape.scalar()?;
+            return Some(self.push(SOp::Const(s.cast(t)), vec![t]));
+        }
+        let vs = self.vals.get(&n)?.clone();
+        (vs.len() == shape.width()).then_some(vs)
+    }
+
+    /// The single value of `n` converted to `t` (the promotion rules'
+    /// conversion of an operand).
+    fn operand(&mut self, n: NodeId, t: SType) -> Option<SVal> {
+        if let Some(c) = self.cx.m.as_const(n) {
+            let (s, _) = literal(c)?;
+            return Some(self.push(SOp::Const(s.cast(t)), vec![t])[0]);
+        }
+        let (have, _) = self.cx.shape(n)?.scalar()?;
+        let v = *self.vals.get(&n)?.first()?;
+        if have == t {
+            Some(v)
+        } else {
+            Some(self.push(SOp::Cast(v), vec![t])[0])
+        }
+    }
+
+    /// A call of `h` with the arguments of node `n`.
+    fn call(&mut self, h: GraphId, args: &[NodeId]) -> Option<SCall> {
+        let m = self.cx.m;
+        let callee = m.graph(h);
+        if callee.params.len() != args.len() {
+            return None;
+        }
+        let mut vs = Vec::new();
+        for (&a, &p) in args.iter().zip(&callee.params) {
+            let shape = self.cx.shape(p)?;
+            let (t, _) = shape.scalar()?;
+            let v = self.values(a, &shape)?;
+            // An argument is passed as it is: its type must be the
+            // parameter's.
+            if self.cx.m.as_const(a).is_none() && self.cx.shape(a)?.scalar()?.0 != t {
+                return None;
+            }
+            if self.cx.m.as_const(a).is_some() && literal(m.as_const(a)?)?.0.ty() != t {
+                return None;
+            }
+            vs.extend(v);
+        }
+        for &u in self.cx.fv.get(h) {
+            vs.extend(self.vals.get(&u)?.iter().copied());
+        }
+        Some(SCall {
+            func: FuncIdx(*self.index.get(&h)?),
+            args: vs,
+        })
+    }
+
+    fn results_of(&self, h: GraphId) -> Option<Vec<SType>> {
+        Some(self.cx.shape(self.cx.m.graph(h).output?)?.flat())
+    }
+
+    fn build(mut self) -> Option<SFunc> {
+        let (cx, m, g) = (self.cx, self.cx.m, self.g);
+        let out = m.graph(g).output?;
+        let results = cx.shape(out)?.flat();
+        let mut term = None;
+        for n in graph_body_with(m, g, cx.fv) {
+            let ins = m.inputs(n).to_vec();
+            if cx.choice(n).is_some() {
+                continue;
+            }
+            // Calls.
+            let callees: Option<(Option<NodeId>, GraphId, Option<GraphId>)> =
+                if let Some(h) = cx.graph_const(ins[0]) {
+                    Some((None, h, None))
+                } else {
+                    cx.choice(ins[0]).map(|(c, a, b)| (Some(c), a, Some(b)))
+                };
+            if let Some((cond, a, b)) = callees {
+                let rs = self.results_of(a)?;
+                if let Some(b) = b {
+                    (self.results_of(b)? == rs).then_some(())?;
+                }
+                let ca = self.call(a, &ins[1..])?;
+                let cb = match b {
+                    Some(b) => Some(self.call(b, &ins[1..])?),
+                    None => None,
+                };
+                let cond = match cond {
+                    Some(c) => Some(self.operand(c, SType::Bool)?),
+                    None => None,
+                };
+                if n == out {
+                    (rs == results).then_some(())?;
+                    term = Some(match (cond, cb) {
+                        (Some(c), Some(cb)) => STerm::TailCallIf(c, ca, cb),
+                        _ => STerm::TailCall(ca),
+                    });
+                } else {
+                    (cx.shape(n)?.flat() == rs).then_some(())?;
+                    let op = match (cond, cb) {
+                        (Some(c), Some(cb)) => SOp::CallIf(c, ca, cb),
+                        _ => SOp::Call(ca),
+                    };
+                    let vs = self.push(op, rs);
+                    self.vals.insert(n, vs);
+                }
+                continue;
+            }
+            let p = m.applied_prim(n)?;
+            let shape = cx.shape(n)?;
+            let vs = match p {
+                Prim::MakeTuple => {
+                    let Shape::Tuple(items) = &shape else {
+                        return None;
+                    };
+                    let mut vs = Vec::new();
+                    for (&i, s) in ins[1..].iter().zip(items) {
+                        vs.extend(self.values(i, s)?);
+                    }
+                    vs
+                }
+                Prim::TupleGet => {
+                    let Shape::Tuple(items) = cx.shape(ins[1])? else {
+                        return None;
+                    };
+                    let k = cx.const_index(ins[2])?;
+                    let start: usize = items[..k].iter().map(Shape::width).sum();
+                    let all = self.vals.get(&ins[1])?.clone();
+                    all[start..start + items[k].width()].to_vec()
+                }
+                Prim::Switch => {
+                    let (t, _) = shape.scalar()?;
+                    let c = self.operand(ins[1], SType::Bool)?;
+                    let a = self.operand(ins[2], t)?;
+                    let b = self.operand(ins[3], t)?;
+                    self.push(SOp::Select(c, a, b), vec![t])
+                }
+                Prim::Cast => {
+                    let (t, _) = shape.scalar()?;
+                    let (from, _) = cx.shape(ins[1])?.scalar()?;
+                    let x = self.operand(ins[1], from)?;
+                    self.push(SOp::Cast(x), vec![t])
+                }
+                _ => {
+                    let (t, _) = shape.scalar()?;
+                    if let Some(op) = SUnary::from_name(p.name()) {
+                        let x = self.operand(ins[1], t)?;
+                        self.push(SOp::Unary(op, x), vec![t])
+                    } else {
+                        let op = SBinary::from_name(p.name())?;
+                        let (a, b) = (cx.weak_dtype(ins[1])?, cx.weak_dtype(ins[2])?);
+                        let (c, _) = dtype::binary_operands(op.name(), a, b).ok()?;
+                        let c = SType::of(c)?;
+                        let x = self.operand(ins[1], c)?;
+                        let y = self.operand(ins[2], c)?;
+                        self.push(SOp::Binary(op, x, y), vec![t])
+                    }
+                }
+            };
+            self.vals.insert(n, vs);
+        }
+        let term = match term {
+            Some(t) => t,
+            None => {
+                let shape = cx.shape(out)?;
+                STerm::Return(self.values(out, &shape)?)
+            }
+        };
+        Some(SFunc {
+            name: m.graph(g).name.clone(),
+            params: self.params,
+            results,
+            body: self.body,
+            term,
+        })
+    }
+}
+
+/// A compiled scalar region as the VM sees it.
+pub struct ScalarKernel {
+    name: String,
+    graphs: Vec<String>,
+    params: Vec<SType>,
+    result: Shape,
+    compiled: CompiledScalar,
+}
+
+impl ScalarKernel {
+    fn describe(&self) -> String {
+        format!(
+            "scalar loop over {} (@{}), compiled in {:.2} ms",
+            self.params
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.graphs.join(", @"),
+            self.compiled.compile_time().as_secs_f64() * 1e3
+        )
+    }
+}
+
+impl NativeKernel for ScalarKernel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
+        super::check_arity(&self.name, self.params.len(), args.len())?;
+        let mut scalars = Vec::with_capacity(args.len());
+        for (a, t) in args.iter().zip(&self.params) {
+            let wrong = || RtError::internal(format!("{}: expected a {t} scalar", self.name));
+            let Value::Tensor(x) = a else {
+                return Err(wrong());
+            };
+            if !x.is_scalar() || x.dtype() != t.dtype() {
+                return Err(wrong());
+            }
+            scalars.push(match t {
+                SType::F32 => Scalar::F32(x.as_f32().ok_or_else(wrong)?[0]),
+                SType::F64 => Scalar::F64(x.as_f64().ok_or_else(wrong)?[0]),
+                SType::I64 => Scalar::I64(x.as_i64().ok_or_else(wrong)?[0]),
+                SType::Bool => Scalar::Bool(x.as_bool().ok_or_else(wrong)?[0]),
+            });
+        }
+        let out = self.compiled.call(&scalars).map_err(RtError::new)?;
+        self.result.value(&mut out.into_iter())
+    }
+}
