@@ -40,6 +40,11 @@ use std::time::{Duration, Instant};
 
 use adjoint::{Mode, Session};
 
+// The allocator of the `adjoint` binary, so the figures are what its users
+// get (large freed blocks are kept for reuse).
+#[global_allocator]
+static ALLOC: adjoint_runtime::memory::CountingAlloc = adjoint_runtime::memory::CountingAlloc;
+
 /// A writer that records when each line is printed.
 struct Clock {
     partial: Vec<u8>,

@@ -378,6 +378,13 @@ fn main() {
     print(walk(f32(3.0), 7));
     print(fib(15));
     print(count(1000000));
+    let mut a = 1.0;
+    let mut n = 0;
+    while a < 1000.0 {
+        a = a * 1.5 + 0.25;
+        n = n + 1;
+    }
+    print(a, n);
 }
 ";
 
@@ -389,8 +396,10 @@ fn scalar_loops_compile_to_native_code() {
     let kernels = s.emit_kernels("main").unwrap();
     // Both calls of `walk` run its loop (with the inner loop) natively,
     // and `count` too; `fib` recurses through non-tail calls and stays
-    // with the VM.
-    assert_eq!(kernels.matches("scalar loop over").count(), 3, "{kernels}");
+    // with the VM. The loop in `main` carries the IO token: it runs
+    // natively up to its exit, and the VM prints.
+    assert_eq!(kernels.matches("scalar loop over").count(), 4, "{kernels}");
+    assert!(kernels.contains("then @main.after on the VM"), "{kernels}");
     assert!(
         kernels.contains("scalar loop over f32, i64, i64, bool"),
         "{kernels}"
@@ -402,4 +411,5 @@ fn scalar_loops_compile_to_native_code() {
     let lines: Vec<&str> = graph.lines().collect();
     assert_eq!(lines[2], "610");
     assert_eq!(lines[3], "499999500000");
+    assert_eq!(lines[4], "1477.3918800354004 17");
 }

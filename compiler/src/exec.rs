@@ -372,6 +372,47 @@ fn compile_graph(
                     args,
                     loc,
                 });
+                if let Some(then) = &group.then {
+                    // The call that takes the kernel's results on: a tail
+                    // call when the group's output is the graph's.
+                    let get = kernels::lookup("tuple_get").expect("tuple_get kernel");
+                    let mut args = Vec::with_capacity(then.args.len());
+                    for a in &then.args {
+                        args.push(match *a {
+                            crate::fuse::ContArg::Node(x) => b.operand(x, ex)?,
+                            crate::fuse::ContArg::Result(k) => {
+                                let idx = b.constant(Value::Tensor(Tensor::weak_i64(k as i64)));
+                                let d = b.n_slots;
+                                b.n_slots += 1;
+                                b.instrs.push(Instr::Prim {
+                                    dst: d,
+                                    name: "tuple_get",
+                                    kernel: get,
+                                    args: vec![Operand::Slot(dst), idx],
+                                    loc,
+                                });
+                                Operand::Slot(d)
+                            }
+                        });
+                    }
+                    let callee = b.operand(then.callee, ex)?;
+                    let out = group.outputs[0];
+                    if out == output {
+                        tail = true;
+                        b.instrs.push(Instr::TailCall { callee, args, loc });
+                    } else {
+                        let d = b.n_slots;
+                        b.n_slots += 1;
+                        b.instrs.push(Instr::Call {
+                            dst: d,
+                            callee,
+                            args,
+                            loc,
+                        });
+                        b.slot_of.insert(out, d);
+                    }
+                    continue;
+                }
                 if group.outputs.len() == 1 {
                     b.slot_of.insert(group.outputs[0], dst);
                 } else {

@@ -38,10 +38,89 @@ static IN_USE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
 /// The system allocator, counting the bytes in use and their peak (for
-/// `adjoint run --stats` and the benchmarks). A program opts in with
+/// `adjoint run --stats` and the benchmarks), and keeping a few freed
+/// large blocks for reuse. A program opts in with
 /// `#[global_allocator] static A: CountingAlloc = CountingAlloc;`; the
 /// cost is two relaxed atomic operations per allocation.
+///
+/// Blocks of [`LARGE_BLOCK`] bytes or more are beyond what glibc serves
+/// from its heap (its largest mapping threshold, see
+/// [`keep_freed_memory`]): each is a fresh mapping whose every page costs
+/// a fault and zeroing by the kernel when first written. A loop over a
+/// tensor of 16M floats (64 MiB) would pay that at every step, more than
+/// the arithmetic. So up to [`LARGE_SLOTS`] freed large blocks (at most
+/// [`LARGE_CACHE_BYTES`] together) are kept, and an allocation of the
+/// same size and alignment takes one back. They do not count as in use.
 pub struct CountingAlloc;
+
+/// The smallest block the large-block cache keeps.
+pub const LARGE_BLOCK: usize = 32 << 20;
+/// How many freed large blocks are kept.
+pub const LARGE_SLOTS: usize = 4;
+/// The most bytes the kept blocks may hold together.
+pub const LARGE_CACHE_BYTES: usize = 1 << 30;
+
+/// The kept blocks: (address, size, alignment); size 0 is an empty slot.
+struct LargeCache {
+    lock: std::sync::atomic::AtomicBool,
+    slots: std::cell::UnsafeCell<[(usize, usize, usize); LARGE_SLOTS]>,
+}
+
+// SAFETY: `slots` is only accessed with `lock` held.
+unsafe impl Sync for LargeCache {}
+
+static LARGE: LargeCache = LargeCache {
+    lock: std::sync::atomic::AtomicBool::new(false),
+    slots: std::cell::UnsafeCell::new([(0, 0, 0); LARGE_SLOTS]),
+};
+
+impl LargeCache {
+    /// Runs `f` on the slots with the lock held (a spin lock: large
+    /// blocks are rare and the critical sections a few comparisons).
+    fn with<R>(&self, f: impl FnOnce(&mut [(usize, usize, usize); LARGE_SLOTS]) -> R) -> R {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, std::sync::atomic::Ordering::Acquire, Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        // SAFETY: the lock is held, so no other thread touches the slots.
+        let r = f(unsafe { &mut *self.slots.get() });
+        self.lock.store(false, std::sync::atomic::Ordering::Release);
+        r
+    }
+
+    /// A kept block of exactly this layout, taken out of the cache.
+    fn take(&self, layout: Layout) -> Option<*mut u8> {
+        self.with(|slots| {
+            let s = slots
+                .iter_mut()
+                .find(|(_, size, align)| *size == layout.size() && *align == layout.align())?;
+            let p = s.0 as *mut u8;
+            *s = (0, 0, 0);
+            Some(p)
+        })
+    }
+
+    /// Keeps a freed block if there is room; `false` if the caller must
+    /// free it.
+    fn keep(&self, ptr: *mut u8, layout: Layout) -> bool {
+        self.with(|slots| {
+            let held: usize = slots.iter().map(|s| s.1).sum();
+            if held + layout.size() > LARGE_CACHE_BYTES {
+                return false;
+            }
+            match slots.iter_mut().find(|s| s.1 == 0) {
+                Some(s) => {
+                    *s = (ptr as usize, layout.size(), layout.align());
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+}
 
 fn grew(by: usize) {
     let now = IN_USE.fetch_add(by, Relaxed) + by;
@@ -54,6 +133,12 @@ fn grew(by: usize) {
 // only bookkeeping.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() >= LARGE_BLOCK {
+            if let Some(p) = LARGE.take(layout) {
+                grew(layout.size());
+                return p;
+            }
+        }
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             grew(layout.size());
@@ -68,7 +153,9 @@ unsafe impl GlobalAlloc for CountingAlloc {
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
+        if layout.size() < LARGE_BLOCK || !LARGE.keep(ptr, layout) {
+            unsafe { System.dealloc(ptr, layout) };
+        }
         IN_USE.fetch_sub(layout.size(), Relaxed);
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -94,4 +181,36 @@ pub fn heap_peak() -> usize {
 /// Starts a new peak measurement from the bytes in use now.
 pub fn reset_heap_peak() {
     PEAK.store(IN_USE.load(Relaxed), Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_freed_blocks_are_reused() {
+        let a = CountingAlloc;
+        let layout = Layout::from_size_align(LARGE_BLOCK + 4096, 64).unwrap();
+        // SAFETY: each block is freed once, with the layout it was made with.
+        unsafe {
+            let p = a.alloc(layout);
+            assert!(!p.is_null());
+            p.write_bytes(7, layout.size());
+            a.dealloc(p, layout);
+            let q = a.alloc(layout);
+            assert_eq!(p, q, "the kept block is handed out again");
+            // Another size does not take it.
+            let other = Layout::from_size_align(LARGE_BLOCK + 8192, 64).unwrap();
+            let r = a.alloc(other);
+            assert_ne!(r, q);
+            a.dealloc(r, other);
+            a.dealloc(q, layout);
+            // Both were kept (room for four); take them out and free them.
+            let q2 = a.alloc(layout);
+            let r2 = a.alloc(other);
+            assert_eq!((q2, r2), (q, r));
+            System.dealloc(q2, layout);
+            System.dealloc(r2, other);
+        }
+    }
 }

@@ -72,6 +72,26 @@ pub struct Group {
     /// The kernel in device-independent form (what other back ends
     /// compile: `codegen::cuda::retarget`).
     pub form: form::KernelForm,
+    /// A call the VM makes with the kernel's results, whose result is the
+    /// group's output (a loop compiled up to its exit: [`scalar`]).
+    pub then: Option<Continuation>,
+}
+
+/// The call that follows a kernel: `callee(args..)`.
+#[derive(Clone, Debug)]
+pub struct Continuation {
+    /// A graph constant node (its closure is made where the group runs).
+    pub callee: NodeId,
+    pub args: Vec<ContArg>,
+}
+
+/// An argument of a [`Continuation`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContArg {
+    /// A value of the graph the group runs in.
+    Node(NodeId),
+    /// Element `k` of the kernel's result (a tuple).
+    Result(usize),
 }
 
 /// What fusion decided for a module.
@@ -404,6 +424,7 @@ fn matmul_groups(m: &Module, g: GraphId, body: &[NodeId], plan: &mut Plan) {
             kernel: Arc::new(kernel),
             description,
             form: form::KernelForm::Matmul(va, vb),
+            then: None,
         });
     }
 }
@@ -528,6 +549,7 @@ fn epilogue_groups(
             kernel: Arc::new(kernel),
             description,
             form: form::KernelForm::Epilogue,
+            then: None,
         });
     }
 }
@@ -1184,6 +1206,7 @@ fn build(
         }),
         description,
         form: form::KernelForm::Fused(spec),
+        then: None,
     })
 }
 

@@ -36,7 +36,7 @@ use adjoint_runtime::vm::NativeKernel;
 use petgraph::algo::tarjan_scc;
 use petgraph::graph::DiGraph;
 
-use super::{form, Group, Plan};
+use super::{form, ContArg, Continuation, Group, Plan};
 use crate::codegen::cpu::scalar::{compile_scalar, CompiledScalar};
 use crate::codegen::scalar::{
     FuncIdx, SBinary, SCall, SFunc, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
@@ -51,6 +51,8 @@ use crate::prim::Prim;
 enum Shape {
     Scalar(SType, bool),
     Tuple(Vec<Shape>),
+    /// The IO token, passed through unchanged: no machine value.
+    Io,
 }
 
 impl Shape {
@@ -64,6 +66,7 @@ impl Shape {
                 .map(Shape::of)
                 .collect::<Option<_>>()
                 .map(Shape::Tuple),
+            AbsVal::Io => Some(Shape::Io),
             _ => None,
         }
     }
@@ -79,13 +82,22 @@ impl Shape {
         match self {
             Shape::Scalar(t, _) => out.push(*t),
             Shape::Tuple(items) => items.iter().for_each(|s| s.flatten(out)),
+            Shape::Io => {}
         }
     }
 
     fn scalar(&self) -> Option<(SType, bool)> {
         match self {
             Shape::Scalar(t, w) => Some((*t, *w)),
-            Shape::Tuple(_) => None,
+            _ => None,
+        }
+    }
+
+    fn has_io(&self) -> bool {
+        match self {
+            Shape::Io => true,
+            Shape::Tuple(items) => items.iter().any(Shape::has_io),
+            Shape::Scalar(..) => false,
         }
     }
 
@@ -93,6 +105,7 @@ impl Shape {
         match self {
             Shape::Scalar(..) => 1,
             Shape::Tuple(items) => items.iter().map(Shape::width).sum(),
+            Shape::Io => 0,
         }
     }
 
@@ -117,6 +130,7 @@ impl Shape {
                     .map(|s| s.value(vals))
                     .collect::<Result<Vec<_>, _>>()?,
             ),
+            Shape::Io => Value::Io,
         })
     }
 }
@@ -187,7 +201,11 @@ impl Cx<'_> {
         }
         let graph = m.graph(g);
         let out = graph.output?;
-        for &p in graph.params.iter().chain(self.fv.get(g)) {
+        for &p in &graph.params {
+            let sh = self.shape(p)?;
+            (sh.scalar().is_some() || sh == Shape::Io).then_some(())?;
+        }
+        for &p in self.fv.get(g) {
             self.shape(p)?.scalar()?;
         }
         self.shape(out)?;
@@ -224,6 +242,13 @@ impl Cx<'_> {
                 continue;
             }
             let p = m.applied_prim(n)?;
+            // The IO token is only passed on.
+            if ins[1..]
+                .iter()
+                .any(|i| self.shape(*i).is_some_and(|s| s.has_io()))
+            {
+                return None;
+            }
             self.check_prim(n, p)?;
         }
         if choices.contains(&out) || self.graph_const(out).is_some() {
@@ -303,10 +328,11 @@ fn compilable(cx: &Cx, graphs: &[GraphId]) -> HashMap<GraphId, Info> {
         .collect();
     loop {
         let before = ok.len();
-        // Closed under calls.
+        // Closed under calls, except tail calls out of the region (its
+        // exits, see `region`).
         let bad: Vec<GraphId> = ok
             .iter()
-            .filter(|(_, i)| i.calls.iter().any(|(h, _)| !ok.contains_key(h)))
+            .filter(|(_, i)| i.calls.iter().any(|(h, tail)| !tail && !ok.contains_key(h)))
             .map(|(g, _)| *g)
             .collect();
         for g in bad {
@@ -351,36 +377,172 @@ fn compilable(cx: &Cx, graphs: &[GraphId]) -> HashMap<GraphId, Info> {
     }
 }
 
-/// The graphs a region entered at `g` runs, `g` first, and whether they
-/// contain a cycle.
-fn region(ok: &HashMap<GraphId, Info>, g: GraphId) -> (Vec<GraphId>, bool) {
+/// The graphs a region entered at `g` runs.
+struct Region {
+    /// `g` first.
+    order: Vec<GraphId>,
+    /// Whether some graph of it reaches itself (a loop).
+    cyclic: bool,
+    /// Graphs outside the region that graphs of it tail-call: where the
+    /// loop hands over to the VM.
+    exits: Vec<GraphId>,
+}
+
+fn region(ok: &HashMap<GraphId, Info>, g: GraphId) -> Region {
     let mut order = vec![g];
     let mut seen: HashSet<GraphId> = HashSet::from([g]);
+    let mut exits = Vec::new();
     let mut k = 0;
     while k < order.len() {
         for (h, _) in &ok[&order[k]].calls {
-            if seen.insert(*h) {
+            if !ok.contains_key(h) {
+                if !exits.contains(h) {
+                    exits.push(*h);
+                }
+            } else if seen.insert(*h) {
                 order.push(*h);
             }
         }
         k += 1;
     }
+    let inside = |x: &GraphId| ok.contains_key(x);
     // A cycle: some graph reaches itself.
     let cyclic = order.iter().any(|&s| {
-        let mut stack: Vec<GraphId> = ok[&s].calls.iter().map(|(h, _)| *h).collect();
+        let mut stack: Vec<GraphId> = ok[&s]
+            .calls
+            .iter()
+            .map(|(h, _)| *h)
+            .filter(inside)
+            .collect();
         let mut visited = HashSet::new();
         while let Some(x) = stack.pop() {
             if x == s {
                 return true;
             }
             if visited.insert(x) {
-                stack.extend(ok[&x].calls.iter().map(|(h, _)| *h));
+                stack.extend(ok[&x].calls.iter().map(|(h, _)| *h).filter(inside));
             }
         }
         false
     });
-    (order, cyclic)
+    Region {
+        order,
+        cyclic,
+        exits,
+    }
 }
+
+/// How a region that exits to the VM ends: every graph reached from the
+/// entry through tail calls (`chain`) returns the arguments of the exit's
+/// call, through the function `func` (the last of the program).
+struct Exit {
+    graph: GraphId,
+    chain: HashSet<GraphId>,
+    /// The exit call's arguments: their shapes (`Shape::Io` for the token).
+    shapes: Vec<Shape>,
+    /// A graph-constant node of the exit graph, for the VM's call.
+    callee: NodeId,
+    func: u32,
+}
+
+impl Exit {
+    /// The kernel's result: the exit's arguments but the token.
+    fn result(&self) -> Shape {
+        Shape::Tuple(
+            self.shapes
+                .iter()
+                .filter(|s| **s != Shape::Io)
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
+/// The exit of region `r` entered at `g`, if it has a usable one.
+fn exit_of(cx: &Cx, ok: &HashMap<GraphId, Info>, r: &Region) -> Option<Exit> {
+    let [x] = r.exits[..] else {
+        return None;
+    };
+    let g = r.order[0];
+    // The graphs the entry reaches through tail calls.
+    let mut chain: HashSet<GraphId> = HashSet::from([g]);
+    let mut stack = vec![g];
+    while let Some(a) = stack.pop() {
+        for (h, tail) in &ok[&a].calls {
+            if *tail && ok.contains_key(h) && chain.insert(*h) {
+                stack.push(*h);
+            }
+        }
+    }
+    let members: HashSet<GraphId> = r.order.iter().copied().collect();
+    let mut shapes: Option<Vec<Shape>> = None;
+    let mut callee = None;
+    for &a in &r.order {
+        for (h, tail) in &ok[&a].calls {
+            // A chain graph is only ever tail-called (it returns the exit's
+            // arguments), and only chain graphs exit.
+            if !tail && chain.contains(h) {
+                return None;
+            }
+            if *h == x && !chain.contains(&a) {
+                return None;
+            }
+        }
+        if !chain.contains(&a) {
+            continue;
+        }
+        // The exit calls in `a`, with the same argument shapes everywhere.
+        let out = cx.m.graph(a).output?;
+        let head = cx.m.inputs(out).first().copied();
+        let node = match head.and_then(|h| cx.graph_const(h).map(|k| (h, k))) {
+            Some((hn, k)) if k == x => Some(hn),
+            _ => head.and_then(|h| {
+                let (_, p, q) = cx.choice(h)?;
+                let ins = cx.m.inputs(h);
+                if p == x {
+                    Some(ins[2])
+                } else if q == x {
+                    Some(ins[3])
+                } else {
+                    None
+                }
+            }),
+        };
+        let Some(node) = node else {
+            continue;
+        };
+        let here: Vec<Shape> = cx.m.inputs(out)[1..]
+            .iter()
+            .map(|v| cx.shape(*v))
+            .collect::<Option<_>>()?;
+        match &shapes {
+            None => shapes = Some(here),
+            Some(s) if *s == here => {}
+            Some(_) => return None,
+        }
+        callee = Some(node);
+    }
+    // The exit's closure is made where the kernel runs: none of its free
+    // variables may belong to the region.
+    if cx
+        .fv
+        .get(x)
+        .iter()
+        .any(|u| cx.m.node(*u).graph.is_some_and(|o| members.contains(&o)))
+    {
+        return None;
+    }
+    Some(Exit {
+        graph: x,
+        chain,
+        shapes: shapes?,
+        callee: callee?,
+        func: r.order.len() as u32,
+    })
+}
+
+/// A compiled region and its exit, shared by the calls that enter it.
+type Built = Arc<(ScalarKernel, Option<Exit>)>;
 
 /// Adds a group for every call from VM code into a loop over scalars.
 pub(super) fn scalar_groups(
@@ -395,11 +557,17 @@ pub(super) fn scalar_groups(
     }
     let cx = Cx { m, types, fv };
     let ok = compilable(&cx, graphs);
+    let trace = std::env::var_os("ADJOINT_SCALAR_TRACE").is_some();
+    if trace {
+        let mut names: Vec<&str> = ok.keys().map(|g| m.graph(*g).name.as_str()).collect();
+        names.sort();
+        eprintln!("scalar: compilable graphs: {}", names.join(" "));
+    }
     if ok.is_empty() {
         return;
     }
     let mut native: HashSet<GraphId> = HashSet::new();
-    let mut programs: HashMap<GraphId, Option<Arc<ScalarKernel>>> = HashMap::new();
+    let mut programs: HashMap<GraphId, Option<Built>> = HashMap::new();
     // VM code first, then compilable graphs that no region runs (reached
     // through closures the VM calls).
     for pass in 0..2 {
@@ -414,19 +582,79 @@ pub(super) fn scalar_groups(
                 if !ok.contains_key(&g) || plan.member_of.contains_key(&n) {
                     continue;
                 }
-                let (order, cyclic) = region(&ok, g);
-                if !cyclic || !entry_types_match(&cx, n, g) {
+                let r = region(&ok, g);
+                if !r.cyclic || !entry_types_match(&cx, n, g) {
                     continue;
                 }
-                let kernel = programs
+                let built = programs
                     .entry(g)
-                    .or_insert_with(|| build(&cx, &order).map(Arc::new))
+                    .or_insert_with(|| {
+                        let exit = if r.exits.is_empty() {
+                            None
+                        } else {
+                            Some(exit_of(&cx, &ok, &r)?)
+                        };
+                        let kernel = build(&cx, &r.order, exit.as_ref());
+                        if trace {
+                            eprintln!(
+                                "scalar: region @{} ({} graphs, exits {:?}): {}",
+                                m.graph(g).name,
+                                r.order.len(),
+                                r.exits
+                                    .iter()
+                                    .map(|x| &m.graph(*x).name)
+                                    .collect::<Vec<_>>(),
+                                if kernel.is_some() {
+                                    "compiled"
+                                } else {
+                                    "not compiled"
+                                }
+                            );
+                        }
+                        Some(Arc::new((kernel?, exit)))
+                    })
                     .clone();
-                let Some(kernel) = kernel else {
+                let Some(built) = built else {
                     continue;
                 };
-                native.extend(order.iter().copied());
-                let mut inputs: Vec<NodeId> = m.inputs(n)[1..].to_vec();
+                let (kernel, exit) = &*built;
+                let args = &m.inputs(n)[1..];
+                let io: Vec<NodeId> = args
+                    .iter()
+                    .copied()
+                    .filter(|a| cx.shape(*a) == Some(Shape::Io))
+                    .collect();
+                let then = match exit {
+                    None => None,
+                    Some(e) => {
+                        // The token inside the region is the one passed in.
+                        let token = match (io.as_slice(), e.shapes.contains(&Shape::Io)) {
+                            ([t], _) => Some(*t),
+                            (_, false) => None,
+                            _ => continue,
+                        };
+                        let mut k = 0;
+                        let mut cargs = Vec::new();
+                        for sh in &e.shapes {
+                            if *sh == Shape::Io {
+                                cargs.push(ContArg::Node(token.expect("a token")));
+                            } else {
+                                cargs.push(ContArg::Result(k));
+                                k += 1;
+                            }
+                        }
+                        Some(Continuation {
+                            callee: e.callee,
+                            args: cargs,
+                        })
+                    }
+                };
+                native.extend(r.order.iter().copied());
+                let mut inputs: Vec<NodeId> = args
+                    .iter()
+                    .copied()
+                    .filter(|a| cx.shape(*a) != Some(Shape::Io))
+                    .collect();
                 inputs.extend(fv.get(g).iter().copied());
                 let gi = plan.groups.len();
                 plan.member_of.insert(n, gi);
@@ -437,9 +665,11 @@ pub(super) fn scalar_groups(
                     inputs,
                     outputs: vec![n],
                     recomputed: Vec::new(),
-                    description: kernel.describe(),
+                    description: kernel
+                        .describe(exit.as_ref().map(|e| m.graph(e.graph).name.as_str())),
                     form: form::KernelForm::Scalar(kernel.compiled.program().clone()),
-                    kernel,
+                    kernel: Arc::new(kernel.clone_handle()),
+                    then,
                 });
             }
         }
@@ -451,17 +681,19 @@ fn entry_types_match(cx: &Cx, n: NodeId, g: GraphId) -> bool {
     let args = &cx.m.inputs(n)[1..];
     let params = &cx.m.graph(g).params;
     args.len() == params.len()
-        && args
-            .iter()
-            .zip(params)
-            .all(|(a, p)| match (cx.weak_dtype(*a), cx.weak_dtype(*p)) {
+        && args.iter().zip(params).all(|(a, p)| {
+            if cx.shape(*p) == Some(Shape::Io) {
+                return cx.shape(*a) == Some(Shape::Io);
+            }
+            match (cx.weak_dtype(*a), cx.weak_dtype(*p)) {
                 (Some(x), Some(y)) => x.0 == y.0,
                 _ => false,
-            })
+            }
+        })
 }
 
 /// Builds and compiles the program of a region.
-fn build(cx: &Cx, order: &[GraphId]) -> Option<ScalarKernel> {
+fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel> {
     let index: HashMap<GraphId, u32> = order
         .iter()
         .enumerate()
@@ -469,7 +701,18 @@ fn build(cx: &Cx, order: &[GraphId]) -> Option<ScalarKernel> {
         .collect();
     let mut funcs = Vec::new();
     for &g in order {
-        funcs.push(FuncBuilder::new(cx, g, &index)?.build()?);
+        funcs.push(FuncBuilder::new(cx, g, &index, exit)?.build()?);
+    }
+    if let Some(e) = exit {
+        // Returns the exit call's arguments.
+        let tys: Vec<SType> = e.shapes.iter().flat_map(Shape::flat).collect();
+        funcs.push(SFunc {
+            name: format!("exit to @{}", cx.m.graph(e.graph).name),
+            params: tys.clone(),
+            results: tys.clone(),
+            body: Vec::new(),
+            term: STerm::Return((0..tys.len() as u32).map(SVal).collect()),
+        });
     }
     let program = ScalarProgram { funcs };
     if let Err(e) = program.validate() {
@@ -481,13 +724,16 @@ fn build(cx: &Cx, order: &[GraphId]) -> Option<ScalarKernel> {
     let compiled = compile_scalar(&program).ok()?;
     let g = order[0];
     let params = program.funcs[0].params.clone();
-    let result = cx.shape(cx.m.graph(g).output?)?;
+    let result = match exit {
+        Some(e) => e.result(),
+        None => cx.shape(cx.m.graph(g).output?)?,
+    };
     Some(ScalarKernel {
         name: format!("scalar loop @{}", cx.m.graph(g).name),
         graphs: order.iter().map(|g| cx.m.graph(*g).name.clone()).collect(),
         params,
         result,
-        compiled,
+        compiled: Arc::new(compiled),
     })
 }
 
@@ -495,6 +741,7 @@ struct FuncBuilder<'a, 'c> {
     cx: &'a Cx<'c>,
     g: GraphId,
     index: &'a HashMap<GraphId, u32>,
+    exit: Option<&'a Exit>,
     params: Vec<SType>,
     body: Vec<SInst>,
     next: u32,
@@ -502,11 +749,17 @@ struct FuncBuilder<'a, 'c> {
 }
 
 impl<'a, 'c> FuncBuilder<'a, 'c> {
-    fn new(cx: &'a Cx<'c>, g: GraphId, index: &'a HashMap<GraphId, u32>) -> Option<Self> {
+    fn new(
+        cx: &'a Cx<'c>,
+        g: GraphId,
+        index: &'a HashMap<GraphId, u32>,
+        exit: Option<&'a Exit>,
+    ) -> Option<Self> {
         let mut b = FuncBuilder {
             cx,
             g,
             index,
+            exit,
             params: Vec::new(),
             body: Vec::new(),
             next: 0,
@@ -514,6 +767,10 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         };
         let graph = cx.m.graph(g);
         for &p in graph.params.iter().chain(cx.fv.get(g)) {
+            if cx.shape(p)? == Shape::Io {
+                b.vals.insert(p, Vec::new());
+                continue;
+            }
             let (t, _) = cx.shape(p)?.scalar()?;
             b.params.push(t);
             b.vals.insert(p, vec![SVal(b.next)]);
@@ -562,9 +819,20 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         }
     }
 
-    /// A call of `h` with the arguments of node `n`.
+    /// A call of `h` with the arguments `args` (an exit: of the exit
+    /// function).
     fn call(&mut self, h: GraphId, args: &[NodeId]) -> Option<SCall> {
         let m = self.cx.m;
+        if let Some(e) = self.exit.filter(|e| e.graph == h) {
+            let mut vs = Vec::new();
+            for (&a, sh) in args.iter().zip(&e.shapes) {
+                vs.extend(self.values(a, sh)?);
+            }
+            return Some(SCall {
+                func: FuncIdx(e.func),
+                args: vs,
+            });
+        }
         let callee = m.graph(h);
         if callee.params.len() != args.len() {
             return None;
@@ -572,15 +840,17 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         let mut vs = Vec::new();
         for (&a, &p) in args.iter().zip(&callee.params) {
             let shape = self.cx.shape(p)?;
+            if shape == Shape::Io {
+                (self.cx.shape(a)? == Shape::Io).then_some(())?;
+                continue;
+            }
             let (t, _) = shape.scalar()?;
             let v = self.values(a, &shape)?;
             // An argument is passed as it is: its type must be the
             // parameter's.
-            if self.cx.m.as_const(a).is_none() && self.cx.shape(a)?.scalar()?.0 != t {
-                return None;
-            }
-            if self.cx.m.as_const(a).is_some() && literal(m.as_const(a)?)?.0.ty() != t {
-                return None;
+            match m.as_const(a) {
+                Some(c) => (literal(c)?.0.ty() == t).then_some(())?,
+                None => (self.cx.shape(a)?.scalar()?.0 == t).then_some(())?,
             }
             vs.extend(v);
         }
@@ -593,14 +863,20 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         })
     }
 
+    /// The results of graph `h` as a function of the program.
     fn results_of(&self, h: GraphId) -> Option<Vec<SType>> {
-        Some(self.cx.shape(self.cx.m.graph(h).output?)?.flat())
+        match self.exit {
+            Some(e) if e.graph == h || e.chain.contains(&h) => {
+                Some(e.shapes.iter().flat_map(Shape::flat).collect())
+            }
+            _ => Some(self.cx.shape(self.cx.m.graph(h).output?)?.flat()),
+        }
     }
 
     fn build(mut self) -> Option<SFunc> {
         let (cx, m, g) = (self.cx, self.cx.m, self.g);
         let out = m.graph(g).output?;
-        let results = cx.shape(out)?.flat();
+        let results = self.results_of(g)?;
         let mut term = None;
         for n in graph_body_with(m, g, cx.fv) {
             let ins = m.inputs(n).to_vec();
@@ -701,6 +977,11 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         let term = match term {
             Some(t) => t,
             None => {
+                // A chain graph must end in a call (it returns the exit's
+                // arguments, not its own value).
+                if self.exit.is_some_and(|e| e.chain.contains(&g)) {
+                    return None;
+                }
                 let shape = cx.shape(out)?;
                 STerm::Return(self.values(out, &shape)?)
             }
@@ -721,21 +1002,34 @@ pub struct ScalarKernel {
     graphs: Vec<String>,
     params: Vec<SType>,
     result: Shape,
-    compiled: CompiledScalar,
+    compiled: Arc<CompiledScalar>,
 }
 
 impl ScalarKernel {
-    fn describe(&self) -> String {
+    fn describe(&self, exit: Option<&str>) -> String {
         format!(
-            "scalar loop over {} (@{}), compiled in {:.2} ms",
+            "scalar loop over {} (@{}){}, compiled in {:.2} ms",
             self.params
                 .iter()
                 .map(|t| t.to_string())
                 .collect::<Vec<_>>()
                 .join(", "),
             self.graphs.join(", @"),
+            exit.map(|x| format!(", then @{x} on the VM"))
+                .unwrap_or_default(),
             self.compiled.compile_time().as_secs_f64() * 1e3
         )
+    }
+
+    /// Another handle on the same compiled code.
+    fn clone_handle(&self) -> ScalarKernel {
+        ScalarKernel {
+            name: self.name.clone(),
+            graphs: self.graphs.clone(),
+            params: self.params.clone(),
+            result: self.result.clone(),
+            compiled: self.compiled.clone(),
+        }
     }
 }
 

@@ -276,6 +276,7 @@ pub fn retarget(m: &Module, roots: &[GraphId], plan: &mut Plan, device: &Arc<Cud
                 kernel: Arc::new(kernel),
                 description,
                 form: KernelForm::Matmul(View::Plain, View::Plain),
+                then: None,
             });
         }
     }
