@@ -166,6 +166,22 @@ struct CodeBuilder<'a> {
 }
 
 impl CodeBuilder<'_> {
+    /// Emits `tuple_get(slot, k)` into a new slot, which it returns.
+    fn tuple_get(&mut self, slot: u32, k: usize, loc: LocIndex) -> u32 {
+        let get = kernels::lookup("tuple_get").expect("tuple_get kernel");
+        let idx = self.constant(Value::Tensor(Tensor::weak_i64(k as i64)));
+        let d = self.n_slots;
+        self.n_slots += 1;
+        self.instrs.push(Instr::Prim {
+            dst: d,
+            name: "tuple_get",
+            kernel: get,
+            args: vec![Operand::Slot(slot), idx],
+            loc,
+        });
+        d
+    }
+
     fn constant(&mut self, v: Value) -> Operand {
         self.consts.push(v);
         Operand::Const(self.consts.len() as u32 - 1)
@@ -375,23 +391,12 @@ fn compile_graph(
                 if let Some(then) = &group.then {
                     // The call that takes the kernel's results on: a tail
                     // call when the group's output is the graph's.
-                    let get = kernels::lookup("tuple_get").expect("tuple_get kernel");
                     let mut args = Vec::with_capacity(then.args.len());
                     for a in &then.args {
                         args.push(match *a {
                             crate::fuse::ContArg::Node(x) => b.operand(x, ex)?,
                             crate::fuse::ContArg::Result(k) => {
-                                let idx = b.constant(Value::Tensor(Tensor::weak_i64(k as i64)));
-                                let d = b.n_slots;
-                                b.n_slots += 1;
-                                b.instrs.push(Instr::Prim {
-                                    dst: d,
-                                    name: "tuple_get",
-                                    kernel: get,
-                                    args: vec![Operand::Slot(dst), idx],
-                                    loc,
-                                });
-                                Operand::Slot(d)
+                                Operand::Slot(b.tuple_get(dst, k, loc))
                             }
                         });
                     }
@@ -416,18 +421,8 @@ fn compile_graph(
                 if group.outputs.len() == 1 {
                     b.slot_of.insert(group.outputs[0], dst);
                 } else {
-                    let get = kernels::lookup("tuple_get").expect("tuple_get kernel");
                     for (k, &o) in group.outputs.iter().enumerate() {
-                        let idx = b.constant(Value::Tensor(Tensor::weak_i64(k as i64)));
-                        let d = b.n_slots;
-                        b.n_slots += 1;
-                        b.instrs.push(Instr::Prim {
-                            dst: d,
-                            name: "tuple_get",
-                            kernel: get,
-                            args: vec![Operand::Slot(dst), idx],
-                            loc,
-                        });
+                        let d = b.tuple_get(dst, k, loc);
                         b.slot_of.insert(o, d);
                     }
                 }
