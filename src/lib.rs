@@ -528,15 +528,16 @@ impl Session {
         &self,
         out: &mut dyn std::io::Write,
     ) -> Result<RunStats, SessionError> {
-        use adjoint_runtime::memory::{heap_in_use, heap_peak, reset_heap_peak};
+        use adjoint_runtime::memory::{count_heap, heap_in_use, heap_peak, reset_heap_peak};
         let program = self.program()?;
         let mode = self.mode;
+        count_heap();
         let start = heap_in_use();
         reset_heap_peak();
         let t0 = std::time::Instant::now();
         let ex = with_stack(|| program.prepare_main(mode)).map_err(|d| self.error(d))?;
         let compile = t0.elapsed();
-        let compile_peak = heap_peak().saturating_sub(start);
+        let compile_peak = heap_peak().wrapping_sub(start);
         let before_run = heap_in_use();
         reset_heap_peak();
         let calls0 = adjoint_compiler::fuse::kernel_calls();
@@ -548,7 +549,7 @@ impl Session {
             compile,
             run,
             compile_peak_bytes: compile_peak,
-            run_peak_bytes: heap_peak().saturating_sub(before_run),
+            run_peak_bytes: heap_peak().wrapping_sub(before_run),
             kernel_calls: calls1.0 - calls0.0,
             kernels_in_place: calls1.1 - calls0.1,
         })

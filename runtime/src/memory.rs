@@ -2,7 +2,7 @@
 //! allocator that measures peak heap use.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering::Relaxed};
 
 /// Asks the C allocator to keep freed memory for reuse instead of handing
 /// it back to the system, and to serve blocks up to 32 MiB from its heap
@@ -34,14 +34,29 @@ pub fn keep_freed_memory() {
     }
 }
 
-static IN_USE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+// Signed: counting may start after blocks it frees were allocated.
+static IN_USE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+/// Starts counting heap bytes (for [`heap_in_use`] and [`heap_peak`]).
+/// Until then [`CountingAlloc`] does not touch its counters: an
+/// allocation-heavy run (a loop interpreted by the VM) would pay two atomic
+/// read-modify-writes per allocation for figures nobody reads.
+pub fn count_heap() {
+    COUNTING.store(true, Relaxed);
+}
+
+fn counting() -> bool {
+    COUNTING.load(Relaxed)
+}
 
 /// The system allocator, counting the bytes in use and their peak (for
 /// `adjoint run --stats` and the benchmarks), and keeping a few freed
 /// large blocks for reuse. A program opts in with
-/// `#[global_allocator] static A: CountingAlloc = CountingAlloc;`; the
-/// cost is two relaxed atomic operations per allocation.
+/// `#[global_allocator] static A: CountingAlloc = CountingAlloc;`; it
+/// counts after [`count_heap`], at the cost of two relaxed atomic
+/// operations per allocation, and otherwise one relaxed load.
 ///
 /// Blocks of [`LARGE_BLOCK`] bytes or more are beyond what glibc serves
 /// from its heap (its largest mapping threshold, see
@@ -123,6 +138,10 @@ impl LargeCache {
 }
 
 fn grew(by: usize) {
+    if !counting() {
+        return;
+    }
+    let by = by as isize;
     let now = IN_USE.fetch_add(by, Relaxed) + by;
     if now > PEAK.load(Relaxed) {
         PEAK.fetch_max(now, Relaxed);
@@ -156,26 +175,31 @@ unsafe impl GlobalAlloc for CountingAlloc {
         if layout.size() < LARGE_BLOCK || !LARGE.keep(ptr, layout) {
             unsafe { System.dealloc(ptr, layout) };
         }
-        IN_USE.fetch_sub(layout.size(), Relaxed);
+        if counting() {
+            IN_USE.fetch_sub(layout.size() as isize, Relaxed);
+        }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            IN_USE.fetch_sub(layout.size(), Relaxed);
+        if !p.is_null() && counting() {
+            IN_USE.fetch_sub(layout.size() as isize, Relaxed);
             grew(new_size);
         }
         p
     }
 }
 
-/// Heap bytes in use now (0 unless [`CountingAlloc`] is the allocator).
+/// Heap bytes allocated and not freed since [`count_heap`] (0 unless
+/// [`CountingAlloc`] is the allocator). Blocks allocated before counting
+/// started and freed after it make this negative, which wraps: compare
+/// readings with `wrapping_sub`.
 pub fn heap_in_use() -> usize {
-    IN_USE.load(Relaxed)
+    IN_USE.load(Relaxed) as usize
 }
 
-/// The most heap bytes in use since the last [`reset_heap_peak`].
+/// The most of [`heap_in_use`] since the last [`reset_heap_peak`].
 pub fn heap_peak() -> usize {
-    PEAK.load(Relaxed)
+    PEAK.load(Relaxed) as usize
 }
 
 /// Starts a new peak measurement from the bytes in use now.
