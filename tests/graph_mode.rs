@@ -355,7 +355,7 @@ fn walk(x0, steps) {
         if up {
             x = maximum(x * 1.5 - 0.25, inner(x, 3));
         } else {
-            x = sin(x) + f32(k) / 100.0;
+            x = where(x > 0.0, sin(x), -x) + f32(k) / 100.0;
             flips = flips + 1;
         }
         up = x < 2.0;

@@ -14,8 +14,8 @@
 //! - inference saw all its calls (it is not *escaped*) and every parameter,
 //!   free variable and node of it has a static scalar type;
 //! - every node is an element-wise primitive with a native form (integer
-//!   division and powers, which can fail, are not), `cast`, a `switch` on
-//!   values, tuple building and projection, a call of a graph of the
+//!   division and powers, which can fail, are not), `cast`, `where`, a
+//!   `switch` on values, tuple building and projection, a call of a graph of the
 //!   region, or a `switch` between two graphs of the region that is then
 //!   called (an `if`, a loop's test);
 //! - it is not on a cycle of non-tail calls: recursion that needs a stack
@@ -288,6 +288,16 @@ impl Cx<'_> {
             Prim::Cast => {
                 result.scalar()?;
                 self.weak_dtype(ins[0])?;
+            }
+            Prim::Where => {
+                let (r, _) = result.scalar()?;
+                let (c, a, b) = (
+                    self.weak_dtype(ins[0])?,
+                    self.weak_dtype(ins[1])?,
+                    self.weak_dtype(ins[2])?,
+                );
+                let (d, _) = dtype::where_result(c, a, b).ok()?;
+                (d == r.dtype()).then_some(())?;
             }
             _ => {
                 let (r, _) = result.scalar()?;
@@ -955,6 +965,13 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     let (from, _) = cx.shape(ins[1])?.scalar()?;
                     let x = self.operand(ins[1], from)?;
                     self.push(SOp::Cast(x), vec![t])
+                }
+                Prim::Where => {
+                    let (t, _) = shape.scalar()?;
+                    let c = self.operand(ins[1], SType::Bool)?;
+                    let a = self.operand(ins[2], t)?;
+                    let b = self.operand(ins[3], t)?;
+                    self.push(SOp::Select(c, a, b), vec![t])
                 }
                 _ => {
                     let (t, _) = shape.scalar()?;
