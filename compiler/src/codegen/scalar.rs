@@ -720,6 +720,18 @@ mod tests {
     }
 
     #[test]
+    fn equal_programs_share_their_code() {
+        use crate::codegen::cpu::scalar::compile_scalar_cached;
+        let a = compile_scalar_cached(&iterate()).unwrap();
+        let b = compile_scalar_cached(&iterate()).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+        let mut other = iterate();
+        other.funcs[1].body[2].op = SOp::Const(Scalar::F64(0.25));
+        let c = compile_scalar_cached(&other).unwrap();
+        assert!(!std::sync::Arc::ptr_eq(&a, &c));
+    }
+
+    #[test]
     fn ill_typed_programs_are_refused() {
         let mut p = iterate();
         // The body's tail call passes the f64 where the i64 goes.

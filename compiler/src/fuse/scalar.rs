@@ -37,7 +37,7 @@ use petgraph::algo::tarjan_scc;
 use petgraph::graph::DiGraph;
 
 use super::{form, ContArg, Continuation, Group, Plan};
-use crate::codegen::cpu::scalar::{compile_scalar, CompiledScalar};
+use crate::codegen::cpu::scalar::{compile_scalar_cached, CompiledScalar};
 use crate::codegen::scalar::{
     FuncIdx, SBinary, SCall, SFunc, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
 };
@@ -731,7 +731,7 @@ fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel
         }
         return None;
     }
-    let compiled = compile_scalar(&program).ok()?;
+    let compiled = compile_scalar_cached(&program).ok()?;
     let g = order[0];
     let params = program.funcs[0].params.clone();
     let result = match exit {
@@ -743,7 +743,7 @@ fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel
         graphs: order.iter().map(|g| cx.m.graph(*g).name.clone()).collect(),
         params,
         result,
-        compiled: Arc::new(compiled),
+        compiled,
     })
 }
 

@@ -17,6 +17,7 @@
 //! compiled loop too.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -196,6 +197,26 @@ fn imports(p: &ScalarProgram) -> Vec<Import> {
         }
     }
     out
+}
+
+/// Compiles `program`, or returns the code compiled for an equal program
+/// earlier in the process (a REPL session, or a program run again by an
+/// embedder, recompiles nothing).
+pub fn compile_scalar_cached(program: &ScalarProgram) -> Result<Arc<CompiledScalar>, CodegenError> {
+    type Cache = Mutex<HashMap<String, Arc<CompiledScalar>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    // The printed form is the key: it spells every constant exactly.
+    let key = format!("{program:?}");
+    if let Some(c) = cache.lock().expect("scalar code cache").get(&key) {
+        return Ok(c.clone());
+    }
+    let compiled = Arc::new(compile_scalar(program)?);
+    cache
+        .lock()
+        .expect("scalar code cache")
+        .insert(key, compiled.clone());
+    Ok(compiled)
 }
 
 /// Compiles `program` (which must validate).
