@@ -275,7 +275,15 @@ pub struct Vm<'a> {
     /// Location of the innermost call being made by a kernel (for errors
     /// raised inside callbacks such as `tree_map`).
     pending: Option<VmError>,
+    /// Reused buffers: a primitive's arguments, and the slots of returned
+    /// frames (an interpreted loop would otherwise allocate both at every
+    /// step).
+    scratch: Vec<Value>,
+    spare_slots: Vec<Vec<Option<Value>>>,
 }
+
+/// How many returned frames' slot buffers are kept for reuse.
+const SPARE_SLOTS: usize = 64;
 
 impl<'a> Vm<'a> {
     pub fn new(program: &'a Program, out: &'a mut dyn Write) -> Vm<'a> {
@@ -285,6 +293,8 @@ impl<'a> Vm<'a> {
             frames: Vec::new(),
             limits: Limits::default(),
             pending: None,
+            scratch: Vec::new(),
+            spare_slots: Vec::new(),
         }
     }
 
@@ -326,7 +336,8 @@ impl<'a> Vm<'a> {
         ret_dst: Option<u32>,
         loc: Option<LocIndex>,
     ) -> Result<(), VmError> {
-        let frame = self.make_frame(f, args, ret_dst, loc)?;
+        let slots = self.spare_slots.pop().unwrap_or_default();
+        let frame = self.make_frame(f, args, ret_dst, loc, slots)?;
         if self.frames.len() >= self.limits.max_depth {
             return Err(VmError {
                 message: format!(
@@ -341,12 +352,15 @@ impl<'a> Vm<'a> {
         Ok(())
     }
 
+    /// A frame for calling `f`, its slots in `slots` (an empty buffer,
+    /// perhaps with capacity).
     fn make_frame(
         &self,
         f: &Value,
         args: Vec<Value>,
         ret_dst: Option<u32>,
         loc: Option<LocIndex>,
+        mut slots: Vec<Option<Value>>,
     ) -> Result<Frame, VmError> {
         let Value::Func(closure) = f else {
             return Err(VmError {
@@ -369,7 +383,8 @@ impl<'a> Vm<'a> {
                 trace: Vec::new(),
             });
         }
-        let mut slots: Vec<Option<Value>> = Vec::with_capacity(code.n_slots as usize);
+        slots.clear();
+        slots.reserve(code.n_slots as usize);
         slots.extend(args.into_iter().map(Some));
         slots.extend(closure.captures.iter().cloned().map(Some));
         slots.resize(code.n_slots as usize, None);
@@ -392,7 +407,12 @@ impl<'a> Vm<'a> {
             if frame.pc == code.instrs.len() {
                 let value = read(frame, code, code.ret);
                 let ret_dst = frame.ret_dst;
-                self.frames.pop();
+                if let Some(mut done) = self.frames.pop() {
+                    if self.spare_slots.len() < SPARE_SLOTS {
+                        done.slots.clear();
+                        self.spare_slots.push(done.slots);
+                    }
+                }
                 if self.frames.len() == base {
                     return Ok(value);
                 }
@@ -411,10 +431,14 @@ impl<'a> Vm<'a> {
                     loc,
                     ..
                 } => {
-                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
+                    let mut values = std::mem::take(&mut self.scratch);
+                    values.extend(args.iter().map(|a| read(frame, code, *a)));
                     let dst = *dst;
                     let loc = *loc;
-                    match kernel(self, &values) {
+                    let result = kernel(self, &values);
+                    values.clear();
+                    self.scratch = values;
+                    match result {
                         Ok(v) => {
                             let frame = self.frames.last_mut().expect("frame");
                             frame.slots[dst as usize] = Some(v);
@@ -512,7 +536,11 @@ impl<'a> Vm<'a> {
                     let f = read(frame, code, *callee);
                     let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
                     let ret_dst = frame.ret_dst;
-                    let new = self.make_frame(&f, values, ret_dst, Some(*loc))?;
+                    // The caller's slots are done with: the callee's frame
+                    // reuses the buffer.
+                    let mut slots = std::mem::take(&mut frame.slots);
+                    slots.clear();
+                    let new = self.make_frame(&f, values, ret_dst, Some(*loc), slots)?;
                     *self.frames.last_mut().expect("frame") = new;
                 }
             }
