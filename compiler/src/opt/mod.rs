@@ -257,6 +257,9 @@ fn typed_pass(
         // Inference's values of an escaped graph hold only for the calls
         // it saw; rewriting on them would specialise the graph for those.
         if types.is_escaped(*g) {
+            for &n in &bodies[g] {
+                rw.visit_escaped(*g, n, &types);
+            }
             continue;
         }
         for &n in &bodies[g] {

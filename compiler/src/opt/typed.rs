@@ -114,6 +114,60 @@ impl Rewriter<'_> {
         }
     }
 
+    /// The typed rewrite allowed in a graph inference marks escaped: its
+    /// own values may hold only for the calls inference saw, but a value
+    /// it uses from a graph that is not escaped has its inferred type on
+    /// every run. `sum_to(d, like)`, `grad_finalize(d, x)`, `zeros_like(x)`
+    /// and `ones_like(x)` read only the type of `like`/`x`; when that is a
+    /// scalar of a graph that is not escaped, a constant of the same type
+    /// stands in for it. A backpropagator then no longer captures forward
+    /// values it only needed for their shape (a reversed loop keeps fewer
+    /// values per iteration).
+    pub(super) fn visit_escaped(&mut self, g: GraphId, n: NodeId, types: &Types) {
+        let NodeKind::Apply(inputs) = &self.m.node(n).kind else {
+            return;
+        };
+        if self.fwd.contains_key(&n) {
+            return;
+        }
+        let inputs = inputs.clone();
+        let slot = match self.m.applied_prim(n) {
+            Some(Prim::SumTo | Prim::GradFinalize) if inputs.len() == 3 => 2,
+            Some(Prim::ZerosLike | Prim::OnesLike) if inputs.len() == 2 => 1,
+            _ => return,
+        };
+        let x = self.resolve(inputs[slot]);
+        let Some(owner) = self.m.node(x).graph else {
+            return;
+        };
+        if types.is_escaped(owner) {
+            return;
+        }
+        let Some(AbsVal::Tensor(t)) = types.value_of(x) else {
+            return;
+        };
+        if !t.shape.is_empty() {
+            return;
+        }
+        use adjoint_runtime::tensor::{DType, Tensor};
+        let c = match (t.dtype, t.weak) {
+            (DType::F64, true) => Const::Float(0.0),
+            (DType::I64, true) => Const::Int(0),
+            (DType::F64, false) => Const::Tensor(Tensor::scalar_f64(0.0)),
+            (DType::F32, false) => Const::Tensor(Tensor::scalar_f32(0.0)),
+            (DType::I64, false) => Const::Tensor(Tensor::scalar_i64(0)),
+            (DType::Bool, _) => Const::Bool(false),
+            _ => return,
+        };
+        let loc = self.m.node(n).loc;
+        let k = self.m.add_const(c, loc);
+        let mut new_inputs = inputs;
+        new_inputs[slot] = k;
+        let by = self.m.add_apply(g, new_inputs, loc);
+        self.stats.simplified += 1;
+        self.replace(g, n, by);
+    }
+
     /// `tree_map(f, t, t2, ..)` (`args`) as records and tuples of calls
     /// of `f` on the leaves, when every tree's type is known and they
     /// have the first tree's structure down to its leaves, which are
