@@ -317,7 +317,7 @@ unsafe fn describe(t: &AdjTensor) -> Result<(DType, Vec<usize>), String> {
             DType::F64 | DType::I64 => 8,
             DType::Bool | DType::U8 => 1,
         };
-        if (t.data as usize) % align != 0 {
+        if !(t.data as usize).is_multiple_of(align) {
             return Err(format!("data is not aligned for {} elements", dtype.name()));
         }
     }

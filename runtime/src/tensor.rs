@@ -393,6 +393,17 @@ pub struct Tensor {
     pub weak: bool,
 }
 
+/// A shared shape: the empty one (of every scalar) is one allocation for
+/// the whole process, not one per scalar.
+fn shape_arc(shape: &[usize]) -> Arc<[usize]> {
+    if shape.is_empty() {
+        static EMPTY: std::sync::OnceLock<Arc<[usize]>> = std::sync::OnceLock::new();
+        EMPTY.get_or_init(|| Arc::from([].as_slice())).clone()
+    } else {
+        Arc::from(shape)
+    }
+}
+
 impl Tensor {
     /// A strong tensor from a buffer and a shape whose size matches it.
     pub fn new(buffer: Buffer, shape: &[usize]) -> Result<Tensor, RtError> {
@@ -407,7 +418,7 @@ impl Tensor {
         }
         Ok(Tensor {
             buffer,
-            shape: Arc::from(shape),
+            shape: shape_arc(shape),
             weak: false,
         })
     }
@@ -431,7 +442,7 @@ impl Tensor {
     pub fn scalar<T: Element>(v: T) -> Tensor {
         Tensor {
             buffer: T::wrap(vec![v]),
-            shape: Arc::from([].as_slice()),
+            shape: shape_arc(&[]),
             weak: false,
         }
     }

@@ -283,7 +283,7 @@ mod tests {
                     }
                     let pre = if with_bias { z.clone() } else { p.clone() };
                     let want = match act {
-                        Some(f) => reference(f.name(), &[pre.clone()]),
+                        Some(f) => reference(f.name(), std::slice::from_ref(&pre)),
                         None => pre.clone(),
                     };
                     let kern =
@@ -313,7 +313,7 @@ mod tests {
         let a = Value::Tensor(tensor(&[64, 96], 4, DType::F32));
         let bt = Value::Tensor(tensor(&[80, 96], 5, DType::F32));
         let bias = Value::Tensor(tensor(&[80], 6, DType::F32));
-        let b = reference("mT", &[bt.clone()]);
+        let b = reference("mT", std::slice::from_ref(&bt));
         let p = reference("matmul", &[a.clone(), b]);
         let want = reference("relu", &[reference("add", &[p, bias.clone()])]);
         let kern = EpilogueKernel::new(

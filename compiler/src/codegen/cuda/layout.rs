@@ -176,7 +176,7 @@ mod tests {
             let dense = InputSpec::contiguous(&shape).strides;
             let mut bcast = dense.clone();
             for s in bcast.iter_mut() {
-                if lcg(&mut seed) % 2 == 0 {
+                if lcg(&mut seed).is_multiple_of(2) {
                     *s = 0;
                 }
             }
