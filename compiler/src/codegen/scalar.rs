@@ -643,6 +643,82 @@ impl ScalarProgram {
     }
 }
 
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::F32(x) => write!(f, "{x:?}f32"),
+            Scalar::F64(x) => write!(f, "{x:?}"),
+            Scalar::I64(i) => write!(f, "{i}"),
+            Scalar::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+impl fmt::Display for ScalarProgram {
+    /// One function per block: `fn f1(v0: f64, v1: i64) -> (f64)`, its
+    /// instructions `v2: bool = lt v0 v1`, and how it ends.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let vals = |vs: &[SVal]| {
+            vs.iter()
+                .map(|v| format!("v{}", v.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let call = |c: &SCall| format!("f{}({})", c.func.0, vals(&c.args));
+        for (i, func) in self.funcs.iter().enumerate() {
+            let params: Vec<String> = func
+                .params
+                .iter()
+                .enumerate()
+                .map(|(k, t)| format!("v{k}: {t}"))
+                .collect();
+            let results: Vec<String> = func.results.iter().map(|t| t.to_string()).collect();
+            writeln!(
+                f,
+                "fn f{i} {}({}) -> ({}) {{",
+                func.name,
+                params.join(", "),
+                results.join(", ")
+            )?;
+            let mut next = func.params.len();
+            for inst in &func.body {
+                let dst: Vec<String> = inst
+                    .results
+                    .iter()
+                    .enumerate()
+                    .map(|(k, t)| format!("v{}: {t}", next + k))
+                    .collect();
+                next += inst.results.len();
+                let rhs = match &inst.op {
+                    SOp::Const(c) => c.to_string(),
+                    SOp::Unary(op, x) => format!("{} v{}", op.name(), x.0),
+                    SOp::Binary(op, x, y) => format!("{} v{} v{}", op.name(), x.0, y.0),
+                    SOp::Cast(x) => format!("cast v{}", x.0),
+                    SOp::Select(c, x, y) => format!("select v{} v{} v{}", c.0, x.0, y.0),
+                    SOp::Call(c) => format!("call {}", call(c)),
+                    SOp::CallIf(c, x, y) => {
+                        format!("if v{} call {} else call {}", c.0, call(x), call(y))
+                    }
+                };
+                writeln!(f, "  {} = {rhs}", dst.join(", "))?;
+            }
+            match &func.term {
+                STerm::Return(vs) => writeln!(f, "  return {}", vals(vs))?,
+                STerm::TailCall(c) => writeln!(f, "  tail call {}", call(c))?,
+                STerm::TailCallIf(c, x, y) => writeln!(
+                    f,
+                    "  if v{} tail call {} else tail call {}",
+                    c.0,
+                    call(x),
+                    call(y)
+                )?,
+            }
+            writeln!(f, "}}")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -717,6 +793,24 @@ mod tests {
             .call(&[Scalar::I64(0), Scalar::F64(0.3), Scalar::I64(1_000_000)])
             .unwrap();
         assert_eq!(r[1], Scalar::I64(1_000_000));
+    }
+
+    #[test]
+    fn programs_print_one_function_per_block() {
+        let text = iterate().to_string();
+        assert!(
+            text.starts_with(
+                "fn f0 header(v0: i64, v1: f64, v2: i64) -> (f64, i64) {\n  v3: bool = lt v0 v2\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  if v3 tail call f1(v0, v1, v2) else tail call f2(v0, v1, v2)\n"),
+            "{text}"
+        );
+        assert!(text.contains("  v3: f64 = sin v1\n"), "{text}");
+        assert!(text.contains("  v5: f64 = 0.5\n"), "{text}");
+        assert!(text.contains("  return v1, v0\n}"), "{text}");
     }
 
     #[test]

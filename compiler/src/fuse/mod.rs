@@ -114,7 +114,17 @@ impl Plan {
         self.groups
             .iter()
             .enumerate()
-            .map(|(i, g)| format!("kernel {i} in @{}: {}", g.graph_name, g.description))
+            .map(|(i, g)| {
+                let mut line = format!("kernel {i} in @{}: {}", g.graph_name, g.description);
+                // A loop over scalars: its functions, indented.
+                if let form::KernelForm::Scalar(p) = &g.form {
+                    for l in p.to_string().lines() {
+                        line.push_str("\n    ");
+                        line.push_str(l);
+                    }
+                }
+                line
+            })
             .collect()
     }
 }
