@@ -552,7 +552,7 @@ fn exit_of(cx: &Cx, ok: &HashMap<GraphId, Info>, r: &Region) -> Option<Exit> {
 }
 
 /// A compiled region and its exit, shared by the calls that enter it.
-type Built = Arc<(ScalarKernel, Option<Exit>)>;
+type Built = Arc<(Arc<ScalarKernel>, Option<Exit>)>;
 
 /// Adds a group for every call from VM code into a loop over scalars.
 pub(super) fn scalar_groups(
@@ -621,7 +621,7 @@ pub(super) fn scalar_groups(
                                 }
                             );
                         }
-                        Some(Arc::new((kernel?, exit)))
+                        Some(Arc::new((Arc::new(kernel?), exit)))
                     })
                     .clone();
                 let Some(built) = built else {
@@ -678,7 +678,7 @@ pub(super) fn scalar_groups(
                     description: kernel
                         .describe(exit.as_ref().map(|e| m.graph(e.graph).name.as_str())),
                     form: form::KernelForm::Scalar(kernel.compiled.program().clone()),
-                    kernel: Arc::new(kernel.clone_handle()),
+                    kernel: kernel.clone(),
                     then,
                 });
             }
@@ -725,13 +725,16 @@ fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel
         });
     }
     let program = ScalarProgram { funcs };
-    if let Err(e) = program.validate() {
-        if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
-            eprintln!("scalar region @{}: {e}", cx.m.graph(order[0]).name);
+    // Compilation validates the program first.
+    let compiled = match compile_scalar_cached(&program) {
+        Ok(c) => c,
+        Err(e) => {
+            if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
+                eprintln!("scalar region @{}: {e}", cx.m.graph(order[0]).name);
+            }
+            return None;
         }
-        return None;
-    }
-    let compiled = compile_scalar_cached(&program).ok()?;
+    };
     let g = order[0];
     let params = program.funcs[0].params.clone();
     let result = match exit {
@@ -1036,17 +1039,6 @@ impl ScalarKernel {
                 .unwrap_or_default(),
             self.compiled.compile_time().as_secs_f64() * 1e3
         )
-    }
-
-    /// Another handle on the same compiled code.
-    fn clone_handle(&self) -> ScalarKernel {
-        ScalarKernel {
-            name: self.name.clone(),
-            graphs: self.graphs.clone(),
-            params: self.params.clone(),
-            result: self.result.clone(),
-            compiled: self.compiled.clone(),
-        }
     }
 }
 

@@ -65,7 +65,7 @@ impl CompiledScalar {
     }
 
     /// Runs the entry on `args`, which must have its parameter types.
-    /// `None` if the run was interrupted.
+    /// An error if the arguments do not match or the run was interrupted.
     pub fn call(&self, args: &[Scalar]) -> Result<Vec<Scalar>, String> {
         let entry = self.program.entry();
         if args.len() != entry.params.len()
