@@ -11,6 +11,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod kernel;
 pub mod scalar;
+pub mod scalar_ad;
 
 #[cfg(test)]
 mod tests;

@@ -435,6 +435,13 @@ pub enum SOp {
     Call(SCall),
     /// One of two calls of functions with the same result types.
     CallIf(SVal, SCall, SCall),
+    /// Appends the values to the program's tape, 8 bytes each (reverse
+    /// mode's record of a forward pass, [`crate::codegen::scalar_ad`]);
+    /// no results.
+    Push(Vec<SVal>),
+    /// Removes the last `results.len()` values from the tape and gives
+    /// them, with the result types, in the order they were pushed.
+    Pop,
 }
 
 /// An instruction and the types of its results (one, except calls).
@@ -482,6 +489,15 @@ pub struct ScalarProgram {
 impl ScalarProgram {
     pub fn entry(&self) -> &SFunc {
         &self.funcs[0]
+    }
+
+    /// Whether some function pushes to or pops from the tape.
+    pub fn uses_tape(&self) -> bool {
+        self.funcs.iter().any(|f| {
+            f.body
+                .iter()
+                .any(|i| matches!(i.op, SOp::Push(_) | SOp::Pop))
+        })
     }
 
     /// Checks that every value is defined before it is used and has the
@@ -564,6 +580,13 @@ impl ScalarProgram {
                             && call(a, defined)? == inst.results.as_slice()
                             && call(b, defined)? == inst.results.as_slice()
                     }
+                    SOp::Push(vs) => {
+                        for v in vs {
+                            ty(*v, defined)?;
+                        }
+                        inst.results.is_empty()
+                    }
+                    SOp::Pop => !inst.results.is_empty(),
                 };
                 if !ok {
                     return Err(bad());
@@ -593,11 +616,28 @@ impl ScalarProgram {
     /// Runs the program on `args` (the reference semantics, for tests),
     /// with at most `fuel` calls.
     pub fn eval(&self, args: &[Scalar], fuel: usize) -> Option<Vec<Scalar>> {
-        let mut fuel = fuel;
-        self.run(FuncIdx(0), args.to_vec(), &mut fuel)
+        self.eval_with_tape(args, &mut Vec::new(), fuel)
     }
 
-    fn run(&self, func: FuncIdx, args: Vec<Scalar>, fuel: &mut usize) -> Option<Vec<Scalar>> {
+    /// [`ScalarProgram::eval`] with the tape `tape` (`None` also when a
+    /// pop finds too few values).
+    pub fn eval_with_tape(
+        &self,
+        args: &[Scalar],
+        tape: &mut Vec<u64>,
+        fuel: usize,
+    ) -> Option<Vec<Scalar>> {
+        let mut fuel = fuel;
+        self.run(FuncIdx(0), args.to_vec(), tape, &mut fuel)
+    }
+
+    fn run(
+        &self,
+        func: FuncIdx,
+        args: Vec<Scalar>,
+        tape: &mut Vec<u64>,
+        fuel: &mut usize,
+    ) -> Option<Vec<Scalar>> {
         let (mut func, mut args) = (func, args);
         loop {
             *fuel = fuel.checked_sub(1)?;
@@ -617,10 +657,26 @@ impl ScalarProgram {
                             v(b)
                         }]
                     }
-                    SOp::Call(c) => self.run(c.func, c.args.iter().map(v).collect(), fuel)?,
+                    SOp::Call(c) => {
+                        self.run(c.func, c.args.iter().map(v).collect(), tape, fuel)?
+                    }
                     SOp::CallIf(c, a, b) => {
                         let pick = if v(c) == Scalar::Bool(true) { a } else { b };
-                        self.run(pick.func, pick.args.iter().map(v).collect(), fuel)?
+                        self.run(pick.func, pick.args.iter().map(v).collect(), tape, fuel)?
+                    }
+                    SOp::Push(vs) => {
+                        tape.extend(vs.iter().map(|x| v(x).to_bits()));
+                        Vec::new()
+                    }
+                    SOp::Pop => {
+                        let start = tape.len().checked_sub(inst.results.len())?;
+                        let out = tape[start..]
+                            .iter()
+                            .zip(&inst.results)
+                            .map(|(b, t)| Scalar::from_bits(*t, *b))
+                            .collect();
+                        tape.truncate(start);
+                        out
                     }
                 };
                 vals.extend(out);
@@ -699,8 +755,14 @@ impl fmt::Display for ScalarProgram {
                     SOp::CallIf(c, x, y) => {
                         format!("if v{} call {} else call {}", c.0, call(x), call(y))
                     }
+                    SOp::Push(vs) => format!("push {}", vals(vs)),
+                    SOp::Pop => "pop".to_string(),
                 };
-                writeln!(f, "  {} = {rhs}", dst.join(", "))?;
+                if dst.is_empty() {
+                    writeln!(f, "  {rhs}")?;
+                } else {
+                    writeln!(f, "  {} = {rhs}", dst.join(", "))?;
+                }
             }
             match &func.term {
                 STerm::Return(vs) => writeln!(f, "  return {}", vals(vs))?,
@@ -720,7 +782,7 @@ impl fmt::Display for ScalarProgram {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::codegen::cpu::scalar::compile_scalar;
     use proptest::prelude::*;
@@ -734,7 +796,7 @@ mod tests {
 
     /// `iterate(i, x, n)`: `x <- sin(x) * x + 0.5` while `i < n`, as a
     /// header that tail-calls a body or an exit; returns `(x, i)`.
-    fn iterate() -> ScalarProgram {
+    pub(crate) fn iterate() -> ScalarProgram {
         use SType::*;
         let call = |f, args: &[u32]| SCall {
             func: FuncIdx(f),
@@ -842,7 +904,7 @@ mod tests {
     /// A random straight-line function over one value of each type, run
     /// inside a counted loop; every operation the back end knows, with
     /// casts between the types.
-    fn random_program(ops: &[(u8, u8, u8)], trips: i64) -> ScalarProgram {
+    pub(crate) fn random_program(ops: &[(u8, u8, u8)], trips: i64) -> ScalarProgram {
         use SType::*;
         // Values 0..4 are the parameters (f64, f32, i64, bool) and 4 the
         // counter; each step makes a new value of one type from the
@@ -961,7 +1023,7 @@ mod tests {
     }
 
     /// Equal values, NaNs equal to each other.
-    fn same(a: &[Scalar], b: &[Scalar]) -> bool {
+    pub(crate) fn same(a: &[Scalar], b: &[Scalar]) -> bool {
         a.iter().zip(b).all(|(x, y)| match (x, y) {
             (Scalar::F64(p), Scalar::F64(q)) => {
                 p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())

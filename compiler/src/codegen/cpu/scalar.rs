@@ -35,8 +35,46 @@ use crate::codegen::scalar::{
     SBinary, SCall, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
 };
 
-/// The trampoline's signature.
-type Trampoline = unsafe extern "C" fn(args: *const u64, results: *mut u64);
+/// The trampoline's signature (`tape` is null for programs without tape
+/// operations).
+type Trampoline = unsafe extern "C" fn(args: *const u64, results: *mut u64, tape: *mut TapeBuf);
+
+/// The tape as native code sees it: a `Vec<u64>` taken apart, and a fault
+/// code. Programs with tape operations pass a pointer to it to every
+/// function as a hidden first parameter.
+#[repr(C)]
+pub(crate) struct TapeBuf {
+    ptr: *mut u64,
+    len: usize,
+    cap: usize,
+    /// 0, or [`TAPE_UNDERFLOW`] or [`TAPE_FULL`].
+    fault: u64,
+}
+
+const TAPE_UNDERFLOW: u64 = 1;
+const TAPE_FULL: u64 = 2;
+/// The most values a tape holds (16 GiB): beyond it a run stops with an
+/// error instead of exhausting memory.
+const MAX_TAPE_SLOTS: u64 = 1 << 31;
+
+/// Makes room for `n` more values; 0 (and the fault set) when the tape
+/// would exceed [`MAX_TAPE_SLOTS`] or memory is short.
+extern "C" fn tape_grow(t: *mut TapeBuf, n: u64) -> u8 {
+    // SAFETY: native code passes the pointer its trampoline was given,
+    // which `CompiledScalar::call_with_tape` made from a live Vec.
+    let t = unsafe { &mut *t };
+    let mut v = std::mem::ManuallyDrop::new(unsafe { Vec::from_raw_parts(t.ptr, t.len, t.cap) });
+    let fits = (t.len as u64)
+        .checked_add(n)
+        .is_some_and(|total| total <= MAX_TAPE_SLOTS);
+    let ok = fits && v.try_reserve(n as usize).is_ok();
+    t.ptr = v.as_mut_ptr();
+    t.cap = v.capacity();
+    if !ok {
+        t.fault = TAPE_FULL;
+    }
+    ok as u8
+}
 
 /// A scalar program compiled to native code.
 pub struct CompiledScalar {
@@ -67,6 +105,12 @@ impl CompiledScalar {
     /// Runs the entry on `args`, which must have its parameter types.
     /// An error if the arguments do not match or the run was interrupted.
     pub fn call(&self, args: &[Scalar]) -> Result<Vec<Scalar>, String> {
+        self.call_with_tape(args, &mut Vec::new())
+    }
+
+    /// [`CompiledScalar::call`] for a program with tape operations: they
+    /// push to and pop from `tape`.
+    pub fn call_with_tape(&self, args: &[Scalar], tape: &mut Vec<u64>) -> Result<Vec<Scalar>, String> {
         let entry = self.program.entry();
         if args.len() != entry.params.len()
             || args.iter().zip(&entry.params).any(|(a, t)| a.ty() != *t)
@@ -78,12 +122,34 @@ impl CompiledScalar {
         }
         let bits: Vec<u64> = args.iter().map(|a| a.to_bits()).collect();
         let mut out = vec![0u64; entry.results.len().max(1)];
+        let mut v = std::mem::ManuallyDrop::new(std::mem::take(tape));
+        let mut buf = TapeBuf {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+            cap: v.capacity(),
+            fault: 0,
+        };
         // SAFETY: the trampoline reads one u64 per parameter and writes one
         // per result, and the arguments were checked against the types the
-        // code was compiled for.
-        unsafe { (self.func)(bits.as_ptr(), out.as_mut_ptr()) };
+        // code was compiled for. Native code keeps `buf` a valid Vec's
+        // parts (it grows it only through `tape_grow`, and never pops
+        // below empty).
+        unsafe {
+            (self.func)(bits.as_ptr(), out.as_mut_ptr(), &mut buf);
+            *tape = Vec::from_raw_parts(buf.ptr, buf.len, buf.cap);
+        }
         if adjoint_runtime::vm::interrupt_requested() {
             return Err("interrupted".into());
+        }
+        match buf.fault {
+            0 => {}
+            TAPE_FULL => {
+                return Err(format!(
+                    "reverse mode's tape exceeds {} values (or memory ran out)",
+                    MAX_TAPE_SLOTS
+                ))
+            }
+            _ => return Err("internal error: a scalar program popped an empty tape".into()),
         }
         Ok(entry
             .results
@@ -230,7 +296,12 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
         let (sym, ptr, _, _) = im.symbol().expect("only imports with symbols");
         builder.symbol(sym, ptr);
     }
+    let uses_tape = program.uses_tape();
+    if uses_tape {
+        builder.symbol("adj_scalar_tape_grow", tape_grow as *const u8);
+    }
     let mut module = JITModule::new(builder);
+    let ptr = module.target_config().pointer_type();
     let err = |e: &dyn std::fmt::Display| CodegenError::Backend(e.to_string());
 
     // Declarations.
@@ -238,6 +309,9 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
     for (i, f) in program.funcs.iter().enumerate() {
         let mut sig = module.make_signature();
         sig.call_conv = CallConv::Tail;
+        if uses_tape {
+            sig.params.push(AbiParam::new(ptr));
+        }
         sig.params
             .extend(f.params.iter().map(|t| AbiParam::new(clif_type(*t))));
         sig.returns
@@ -261,10 +335,23 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
         import_ids.insert(*im, id);
     }
 
+    let grow_id = if uses_tape {
+        let mut sig = module.make_signature();
+        sig.params.push(AbiParam::new(ptr));
+        sig.params.push(AbiParam::new(types::I64));
+        sig.returns.push(AbiParam::new(types::I8));
+        Some(
+            module
+                .declare_function("adj_scalar_tape_grow", Linkage::Import, &sig)
+                .map_err(|e| err(&e))?,
+        )
+    } else {
+        None
+    };
+
     let mut ctx = module.make_context();
     let mut fbc = FunctionBuilderContext::new();
     let flag_addr = adjoint_runtime::vm::interrupt_flag_address() as i64;
-    let ptr = module.target_config().pointer_type();
     for (i, f) in program.funcs.iter().enumerate() {
         ctx.func.signature = module
             .declarations()
@@ -281,10 +368,16 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
                 .iter()
                 .map(|(im, id)| (*im, module.declare_func_in_func(*id, b.func)))
                 .collect();
+            let grow = grow_id.map(|id| module.declare_func_in_func(id, b.func));
             let entry = b.create_block();
             b.append_block_params_for_function_params(entry);
             b.switch_to_block(entry);
             let mut vals: Vec<Value> = b.block_params(entry).to_vec();
+            // The tape pointer, passed on to every call.
+            let tp: Option<Value> = uses_tape.then(|| vals.remove(0));
+            let with_tape = |args: Vec<Value>| -> Vec<Value> {
+                tp.into_iter().chain(args).collect()
+            };
             // The interrupt check: return zeros when the flag is set.
             let stop = b.create_block();
             let go = b.create_block();
@@ -329,9 +422,65 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
                     SOp::Cast(x) => vec![cast(&mut b, ty(x), inst.results[0], v(x))],
                     SOp::Select(c, x, y) => vec![b.ins().select(v(c), v(x), v(y))],
                     SOp::Call(c) => {
-                        let args: Vec<Value> = c.args.iter().map(v).collect();
+                        let args = with_tape(c.args.iter().map(v).collect());
                         let call = b.ins().call(funcs[c.func.0 as usize], &args);
                         b.inst_results(call).to_vec()
+                    }
+                    SOp::Push(xs) => {
+                        let tp = tp.expect("tape programs have the tape pointer");
+                        let grow = grow.expect("tape programs import the grower");
+                        let flags = MemFlagsData::new().with_notrap().with_aligned();
+                        let n = xs.len() as i64;
+                        let len = b.ins().load(types::I64, flags, tp, 8);
+                        let cap = b.ins().load(types::I64, flags, tp, 16);
+                        let need = b.ins().iadd_imm_s(len, n);
+                        let over = b.ins().icmp(IntCC::UnsignedGreaterThan, need, cap);
+                        let (grow_blk, store_blk) = (b.create_block(), b.create_block());
+                        b.set_cold_block(grow_blk);
+                        b.ins().brif(over, grow_blk, &[], store_blk, &[]);
+                        b.switch_to_block(grow_blk);
+                        let nv = b.ins().iconst(types::I64, n);
+                        let gc = b.ins().call(grow, &[tp, nv]);
+                        let ok = b.inst_results(gc)[0];
+                        b.ins().brif(ok, store_blk, &[], stop, &[]);
+                        b.switch_to_block(store_blk);
+                        let base = b.ins().load(ptr, flags, tp, 0);
+                        let off = b.ins().ishl_imm_u(len, 3);
+                        let at = b.ins().iadd(base, off);
+                        for (k, x) in xs.iter().enumerate() {
+                            let slot = to_slot(&mut b, tys[x.0 as usize], v(x));
+                            b.ins().store(flags, slot, at, (8 * k) as i32);
+                        }
+                        b.ins().store(flags, need, tp, 8);
+                        Vec::new()
+                    }
+                    SOp::Pop => {
+                        let tp = tp.expect("tape programs have the tape pointer");
+                        let flags = MemFlagsData::new().with_notrap().with_aligned();
+                        let n = inst.results.len() as i64;
+                        let len = b.ins().load(types::I64, flags, tp, 8);
+                        let under = b.ins().icmp_imm_s(IntCC::UnsignedLessThan, len, n);
+                        let (fault_blk, load_blk) = (b.create_block(), b.create_block());
+                        b.set_cold_block(fault_blk);
+                        b.ins().brif(under, fault_blk, &[], load_blk, &[]);
+                        b.switch_to_block(fault_blk);
+                        let code = b.ins().iconst(types::I64, TAPE_UNDERFLOW as i64);
+                        b.ins().store(flags, code, tp, 24);
+                        b.ins().jump(stop, &[]);
+                        b.switch_to_block(load_blk);
+                        let rest = b.ins().iadd_imm_s(len, -n);
+                        b.ins().store(flags, rest, tp, 8);
+                        let base = b.ins().load(ptr, flags, tp, 0);
+                        let off = b.ins().ishl_imm_u(rest, 3);
+                        let at = b.ins().iadd(base, off);
+                        inst.results
+                            .iter()
+                            .enumerate()
+                            .map(|(k, t)| {
+                                let slot = b.ins().load(types::I64, flags, at, (8 * k) as i32);
+                                from_slot(&mut b, *t, slot)
+                            })
+                            .collect()
                     }
                     SOp::CallIf(c, x, y) => {
                         let (bx, by, join) = (b.create_block(), b.create_block(), b.create_block());
@@ -341,7 +490,7 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
                         b.ins().brif(v(c), bx, &[], by, &[]);
                         for (blk, call) in [(bx, x), (by, y)] {
                             b.switch_to_block(blk);
-                            let args: Vec<Value> = call.args.iter().map(v).collect();
+                            let args = with_tape(call.args.iter().map(v).collect());
                             let ci = b.ins().call(funcs[call.func.0 as usize], &args);
                             let rs: Vec<BlockArg> =
                                 b.inst_results(ci).iter().map(|r| (*r).into()).collect();
@@ -355,7 +504,7 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
             }
             let v = |x: &SVal| vals[x.0 as usize];
             let tail = |b: &mut FunctionBuilder, c: &SCall| {
-                let args: Vec<Value> = c.args.iter().map(v).collect();
+                let args = with_tape(c.args.iter().map(v).collect());
                 b.ins().return_call(funcs[c.func.0 as usize], &args);
             };
             match &f.term {
@@ -386,6 +535,7 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
     let mut sig = module.make_signature();
     sig.params.push(AbiParam::new(ptr));
     sig.params.push(AbiParam::new(ptr));
+    sig.params.push(AbiParam::new(ptr));
     let tramp = module
         .declare_function("scalar_entry", Linkage::Local, &sig)
         .map_err(|e| err(&e))?;
@@ -397,14 +547,18 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
         b.append_block_params_for_function_params(blk);
         b.switch_to_block(blk);
         let (args, rets) = (b.block_params(blk)[0], b.block_params(blk)[1]);
+        let tape = b.block_params(blk)[2];
         let flags = MemFlagsData::new().with_notrap();
         let e = program.entry();
-        let params: Vec<Value> = e
+        let mut params: Vec<Value> = e
             .params
             .iter()
             .enumerate()
             .map(|(k, t)| b.ins().load(clif_type(*t), flags, args, (8 * k) as i32))
             .collect();
+        if uses_tape {
+            params.insert(0, tape);
+        }
         let call = b.ins().call(entry_ref, &params);
         let results = b.inst_results(call).to_vec();
         for (k, r) in results.into_iter().enumerate() {
@@ -428,6 +582,34 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
         compile_time: t0.elapsed(),
         _code: Code(Some(module)),
     })
+}
+
+/// A value as the 8 bytes of its tape slot ([`Scalar::to_bits`]).
+fn to_slot(b: &mut FunctionBuilder, t: SType, v: Value) -> Value {
+    let flags = MemFlagsData::new();
+    match t {
+        SType::F64 => b.ins().bitcast(types::I64, flags, v),
+        SType::I64 => v,
+        SType::F32 => {
+            let bits = b.ins().bitcast(types::I32, flags, v);
+            b.ins().uextend(types::I64, bits)
+        }
+        SType::Bool => b.ins().uextend(types::I64, v),
+    }
+}
+
+/// The value of type `t` in tape slot `slot`.
+fn from_slot(b: &mut FunctionBuilder, t: SType, slot: Value) -> Value {
+    let flags = MemFlagsData::new();
+    match t {
+        SType::F64 => b.ins().bitcast(types::F64, flags, slot),
+        SType::I64 => slot,
+        SType::F32 => {
+            let bits = b.ins().ireduce(types::I32, slot);
+            b.ins().bitcast(types::F32, flags, bits)
+        }
+        SType::Bool => b.ins().ireduce(types::I8, slot),
+    }
 }
 
 fn zero(b: &mut FunctionBuilder, t: SType) -> Value {
