@@ -444,6 +444,86 @@ pub enum SOp {
     Pop,
 }
 
+impl SOp {
+    /// Calls `f` on every value the operation reads.
+    pub fn each_val(&self, f: &mut impl FnMut(SVal)) {
+        let call = |c: &SCall, f: &mut dyn FnMut(SVal)| c.args.iter().for_each(|v| f(*v));
+        match self {
+            SOp::Const(_) | SOp::Pop => {}
+            SOp::Unary(_, x) | SOp::Cast(x) => f(*x),
+            SOp::Binary(_, x, y) => {
+                f(*x);
+                f(*y);
+            }
+            SOp::Select(c, a, b) => {
+                f(*c);
+                f(*a);
+                f(*b);
+            }
+            SOp::Call(c) => call(c, f),
+            SOp::CallIf(c, a, b) => {
+                f(*c);
+                call(a, f);
+                call(b, f);
+            }
+            SOp::Push(xs) => xs.iter().for_each(|v| f(*v)),
+        }
+    }
+
+    /// Renames every value the operation reads.
+    pub fn rename(&mut self, f: &impl Fn(SVal) -> SVal) {
+        let call = |c: &mut SCall| c.args.iter_mut().for_each(|v| *v = f(*v));
+        match self {
+            SOp::Const(_) | SOp::Pop => {}
+            SOp::Unary(_, x) | SOp::Cast(x) => *x = f(*x),
+            SOp::Binary(_, x, y) => {
+                *x = f(*x);
+                *y = f(*y);
+            }
+            SOp::Select(c, a, b) => {
+                *c = f(*c);
+                *a = f(*a);
+                *b = f(*b);
+            }
+            SOp::Call(c) => call(c),
+            SOp::CallIf(c, a, b) => {
+                *c = f(*c);
+                call(a);
+                call(b);
+            }
+            SOp::Push(xs) => xs.iter_mut().for_each(|v| *v = f(*v)),
+        }
+    }
+}
+
+impl STerm {
+    /// Calls `f` on every value the end reads.
+    pub fn each_val(&self, f: &mut impl FnMut(SVal)) {
+        match self {
+            STerm::Return(vs) => vs.iter().for_each(|v| f(*v)),
+            STerm::TailCall(c) => c.args.iter().for_each(|v| f(*v)),
+            STerm::TailCallIf(c, a, b) => {
+                f(*c);
+                a.args.iter().chain(&b.args).for_each(|v| f(*v));
+            }
+        }
+    }
+
+    /// Renames every value the end reads.
+    pub fn rename(&mut self, f: &impl Fn(SVal) -> SVal) {
+        let call = |c: &mut SCall| c.args.iter_mut().for_each(|v| *v = f(*v));
+        match self {
+            STerm::Return(vs) => vs.iter_mut().for_each(|v| *v = f(*v)),
+            STerm::TailCall(c) => call(c),
+            STerm::TailCallIf(c, a, b) => {
+                *c = f(*c);
+                call(a);
+                call(b);
+            }
+        }
+    }
+}
+
 /// An instruction and the types of its results (one, except calls).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SInst {
@@ -489,6 +569,42 @@ pub struct ScalarProgram {
 impl ScalarProgram {
     pub fn entry(&self) -> &SFunc {
         &self.funcs[0]
+    }
+
+    /// The same program with each tail call of a small function other than
+    /// the caller replaced by a copy of that function's body and end (one
+    /// level). A loop's header tail-called from its body becomes part of
+    /// the body, whose back edge is then a tail call of itself, which code
+    /// generation makes a jump.
+    pub fn inline_tail_calls(&self, max_body: usize) -> ScalarProgram {
+        let mut out = self.clone();
+        for (k, f) in out.funcs.iter_mut().enumerate() {
+            let STerm::TailCall(c) = &f.term else {
+                continue;
+            };
+            let callee = &self.funcs[c.func.0 as usize];
+            if c.func.0 as usize == k || callee.body.len() > max_body {
+                continue;
+            }
+            let mut map: Vec<SVal> = c.args.clone();
+            let mut next = (f.params.len() + f.body.iter().map(|i| i.results.len()).sum::<usize>()) as u32;
+            for inst in &callee.body {
+                let mut op = inst.op.clone();
+                op.rename(&|v| map[v.0 as usize]);
+                f.body.push(SInst {
+                    op,
+                    results: inst.results.clone(),
+                });
+                for _ in &inst.results {
+                    map.push(SVal(next));
+                    next += 1;
+                }
+            }
+            let mut term = callee.term.clone();
+            term.rename(&|v| map[v.0 as usize]);
+            f.term = term;
+        }
+        out
     }
 
     /// Whether some function pushes to or pops from the tape.

@@ -264,15 +264,27 @@ pub fn reverse(p: &ScalarProgram) -> Result<Reversed, String> {
         work: Vec::new(),
         funcs: Vec::new(),
     };
-    let forward = r.forward();
+    let mut forward = r.forward();
     r.backward()?;
-    let backward = ScalarProgram {
+    let mut revs: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (key, i) in &r.keys {
+        if let Key::Rev(k, _) = key {
+            revs.entry(*k).or_default().push(*i as usize);
+        }
+    }
+    let mut backward = ScalarProgram {
         funcs: r
             .funcs
             .into_iter()
             .map(|f| f.expect("every function of the backward program is built"))
             .collect(),
     };
+    for f in &mut backward.funcs {
+        dce(f);
+    }
+    for (k, fs) in revs {
+        prune_record(&mut forward.funcs[k as usize + 1], &mut backward, &fs);
+    }
     forward.validate()?;
     backward.validate()?;
     Ok(Reversed { forward, backward })
@@ -453,28 +465,10 @@ impl Rev<'_> {
             }
             Key::Pred(_) | Key::Ret(_) => {
                 let (params, results) = self.list_types(key)?;
-                let cands = self.candidates(key);
                 let mut fb = Fb::new(params.clone());
-                let t = fb.push(SOp::Pop, vec![SType::I64])[0];
                 let cot: Vec<SVal> = (0..params.len() as u32).map(SVal).collect();
-                let name = self.dispatch_name(key);
-                let term = match cands.as_slice() {
-                    [] => return Err(format!("{name}: no activation can end here")),
-                    [(_, Target::Mark)] => STerm::Return(cot),
-                    [(_, Target::Func(k))] => STerm::TailCall(SCall {
-                        func: self.idx(k.clone()),
-                        args: cot,
-                    }),
-                    _ => {
-                        let mut args = cot;
-                        args.push(t);
-                        STerm::TailCall(SCall {
-                            func: self.idx(Key::Sel(Box::new(key.clone()), 0)),
-                            args,
-                        })
-                    }
-                };
-                Ok(fb.finish(name, results, term))
+                let term = self.dispatch(&mut fb, key, cot, &results)?;
+                Ok(fb.finish(self.dispatch_name(key), results, term))
             }
             Key::Sel(list, i) => {
                 let (mut params, results) = self.list_types(list)?;
@@ -500,11 +494,15 @@ impl Rev<'_> {
                     let tag = fb.konst(Scalar::I64(cands[*i].0));
                     let hit = fb.one(SOp::Binary(SBinary::Eq, t, tag), SType::Bool);
                     let yes = target(self, &cands[*i].1);
-                    let mut args = cot.clone();
-                    args.push(t);
-                    let no = SCall {
-                        func: self.idx(Key::Sel(list.clone(), i + 1)),
-                        args,
+                    let no = if *i + 2 == cands.len() {
+                        target(self, &cands[*i + 1].1)
+                    } else {
+                        let mut args = cot.clone();
+                        args.push(t);
+                        SCall {
+                            func: self.idx(Key::Sel(list.clone(), i + 1)),
+                            args,
+                        }
                     };
                     STerm::TailCallIf(hit, yes, no)
                 };
@@ -512,6 +510,54 @@ impl Rev<'_> {
             }
             Key::Rev(k, exit) => self.rev(*k, *exit),
         }
+    }
+
+    /// Pops a tag and ends by going where dispatch list `list` sends it
+    /// with the cotangents `cot`: the first two candidates are tested
+    /// here, more go through `Sel` functions.
+    fn dispatch(
+        &mut self,
+        fb: &mut Fb,
+        list: &Key,
+        cot: Vec<SVal>,
+        results: &[SType],
+    ) -> Result<STerm, String> {
+        let cands = self.candidates(list);
+        let t = fb.push(SOp::Pop, vec![SType::I64])[0];
+        let target = |this: &mut Self, tg: &Target| -> SCall {
+            let func = match tg {
+                Target::Mark => this.idx(Key::Id(results.to_vec())),
+                Target::Func(k) => this.idx(k.clone()),
+            };
+            SCall {
+                func,
+                args: cot.clone(),
+            }
+        };
+        Ok(match cands.as_slice() {
+            [] => {
+                return Err(format!(
+                    "{}: no activation can end here",
+                    self.dispatch_name(list)
+                ))
+            }
+            [(_, Target::Mark)] => STerm::Return(cot.clone()),
+            [(_, tg)] => STerm::TailCall(target(self, tg)),
+            [(tag, a), (_, b)] => {
+                let tagv = fb.konst(Scalar::I64(*tag));
+                let hit = fb.one(SOp::Binary(SBinary::Eq, t, tagv), SType::Bool);
+                let (ca, cb) = (target(self, a), target(self, b));
+                STerm::TailCallIf(hit, ca, cb)
+            }
+            _ => {
+                let mut args = cot.clone();
+                args.push(t);
+                STerm::TailCall(SCall {
+                    func: self.idx(Key::Sel(Box::new(list.clone()), 0)),
+                    args,
+                })
+            }
+        })
     }
 
     fn dispatch_name(&self, list: &Key) -> String {
@@ -833,19 +879,142 @@ impl Rev<'_> {
                 });
             }
         }
-        let next = self.idx(Key::Pred(k));
         let name = match exit {
             Exit::Return => format!("{} (reverse)", f.name),
             Exit::TailCall(c) => format!("{} (reverse, from {})", f.name, p.funcs[c as usize].name),
         };
-        Ok(fb.finish(
-            name,
-            self.ce(k)?,
-            STerm::TailCall(SCall {
-                func: next,
-                args: cot,
-            }),
-        ))
+        let results = self.ce(k)?;
+        let term = self.dispatch(&mut fb, &Key::Pred(k), cot, &results)?;
+        Ok(fb.finish(name, results, term))
+    }
+}
+
+/// Removes the instructions without effects whose results nothing reads.
+fn dce(f: &mut SFunc) {
+    let np = f.params.len() as u32;
+    let mut starts = Vec::with_capacity(f.body.len());
+    let mut next = np;
+    for inst in &f.body {
+        starts.push(next);
+        next += inst.results.len() as u32;
+    }
+    let mut live = vec![false; next as usize];
+    f.term.each_val(&mut |v| live[v.0 as usize] = true);
+    let mut keep = vec![false; f.body.len()];
+    for (i, inst) in f.body.iter().enumerate().rev() {
+        let effect = matches!(inst.op, SOp::Call(_) | SOp::CallIf(..) | SOp::Push(_) | SOp::Pop);
+        let r0 = starts[i] as usize;
+        if effect || (r0..r0 + inst.results.len()).any(|v| live[v]) {
+            keep[i] = true;
+            inst.op.each_val(&mut |v| live[v.0 as usize] = true);
+        }
+    }
+    if keep.iter().all(|k| *k) {
+        return;
+    }
+    // New numbers: parameters, then the kept instructions' results.
+    let mut new = vec![u32::MAX; next as usize];
+    for v in 0..np {
+        new[v as usize] = v;
+    }
+    let mut n = np;
+    for (i, inst) in f.body.iter().enumerate() {
+        if keep[i] {
+            for k in 0..inst.results.len() {
+                new[starts[i] as usize + k] = n;
+                n += 1;
+            }
+        }
+    }
+    let rename = |v: SVal| SVal(new[v.0 as usize]);
+    let body = std::mem::take(&mut f.body);
+    for (mut inst, k) in body.into_iter().zip(keep) {
+        if k {
+            inst.op.rename(&rename);
+            f.body.push(inst);
+        }
+    }
+    f.term.rename(&rename);
+}
+
+/// Drops from a function's record the values none of its reverses
+/// (backward functions `revs`, whose first instruction pops the record)
+/// reads; `fwd` is the recording function, whose last instruction pushes
+/// the record and the tag.
+fn prune_record(fwd: &mut SFunc, bwd: &mut ScalarProgram, revs: &[usize]) {
+    let Some(SInst { op: SOp::Push(rec), .. }) = fwd.body.last() else {
+        return;
+    };
+    let width = rec.len() - 1;
+    if width == 0 {
+        return;
+    }
+    let mut used = vec![false; width];
+    for &i in revs {
+        let f = &bwd.funcs[i];
+        let nd = f.params.len() as u32;
+        let mut mark = |v: SVal| {
+            if v.0 >= nd && v.0 < nd + width as u32 {
+                used[(v.0 - nd) as usize] = true;
+            }
+        };
+        for inst in &f.body[1..] {
+            inst.op.each_val(&mut mark);
+        }
+        f.term.each_val(&mut mark);
+    }
+    if used.iter().all(|u| *u) {
+        return;
+    }
+    let kept = used.iter().filter(|u| **u).count() as u32;
+    let rank: Vec<u32> = used
+        .iter()
+        .scan(0u32, |r, u| {
+            let here = *r;
+            *r += *u as u32;
+            Some(here)
+        })
+        .collect();
+    for &i in revs {
+        let f = &mut bwd.funcs[i];
+        let nd = f.params.len() as u32;
+        let w = width as u32;
+        let rename = |v: SVal| {
+            if v.0 < nd {
+                v
+            } else if v.0 < nd + w {
+                SVal(nd + rank[(v.0 - nd) as usize])
+            } else {
+                SVal(v.0 - (w - kept))
+            }
+        };
+        let tys: Vec<SType> = f.body[0]
+            .results
+            .iter()
+            .zip(&used)
+            .filter(|(_, u)| **u)
+            .map(|(t, _)| *t)
+            .collect();
+        if tys.is_empty() {
+            f.body.remove(0);
+        } else {
+            f.body[0].results = tys;
+        }
+        for inst in &mut f.body {
+            inst.op.rename(&rename);
+        }
+        f.term.rename(&rename);
+    }
+    if let Some(SInst { op: SOp::Push(rec), .. }) = fwd.body.last_mut() {
+        let tag = rec[width];
+        let mut kept_vals: Vec<SVal> = rec[..width]
+            .iter()
+            .zip(&used)
+            .filter(|(_, u)| **u)
+            .map(|(v, _)| *v)
+            .collect();
+        kept_vals.push(tag);
+        *rec = kept_vals;
     }
 }
 

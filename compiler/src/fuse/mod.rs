@@ -31,6 +31,7 @@
 pub mod epilogue;
 pub mod form;
 pub mod matmul;
+mod reverse;
 pub mod scalar;
 
 use std::collections::{HashMap, HashSet};
@@ -362,6 +363,7 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
 
     let mut plan = Plan::default();
     if let Some(types) = types {
+        reverse::reverse_groups(m, &graphs, types, &fv, &mut plan);
         scalar::scalar_groups(m, &graphs, types, &fv, &mut plan);
     }
     for g in &graphs {

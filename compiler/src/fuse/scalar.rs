@@ -48,15 +48,18 @@ use crate::prim::Prim;
 
 /// The structure of a value made of scalars.
 #[derive(Clone, Debug, PartialEq)]
-enum Shape {
+pub(super) enum Shape {
     Scalar(SType, bool),
     Tuple(Vec<Shape>),
     /// The IO token, passed through unchanged: no machine value.
     Io,
+    /// Reverse mode's stack of backpropagators in a loop differentiated
+    /// whole ([`super::reverse`]): the program's tape, no machine value.
+    Stack,
 }
 
 impl Shape {
-    fn of(v: &AbsVal) -> Option<Shape> {
+    pub(super) fn of(v: &AbsVal) -> Option<Shape> {
         match v {
             AbsVal::Tensor(t) if t.shape.is_empty() => {
                 Some(Shape::Scalar(SType::of(t.dtype)?, t.weak))
@@ -72,7 +75,7 @@ impl Shape {
     }
 
     /// The scalar types, depth first.
-    fn flat(&self) -> Vec<SType> {
+    pub(super) fn flat(&self) -> Vec<SType> {
         let mut out = Vec::new();
         self.flatten(&mut out);
         out
@@ -82,11 +85,11 @@ impl Shape {
         match self {
             Shape::Scalar(t, _) => out.push(*t),
             Shape::Tuple(items) => items.iter().for_each(|s| s.flatten(out)),
-            Shape::Io => {}
+            Shape::Io | Shape::Stack => {}
         }
     }
 
-    fn scalar(&self) -> Option<(SType, bool)> {
+    pub(super) fn scalar(&self) -> Option<(SType, bool)> {
         match self {
             Shape::Scalar(t, w) => Some((*t, *w)),
             _ => None,
@@ -97,7 +100,7 @@ impl Shape {
         match self {
             Shape::Io => true,
             Shape::Tuple(items) => items.iter().any(Shape::has_io),
-            Shape::Scalar(..) => false,
+            Shape::Scalar(..) | Shape::Stack => false,
         }
     }
 
@@ -105,12 +108,12 @@ impl Shape {
         match self {
             Shape::Scalar(..) => 1,
             Shape::Tuple(items) => items.iter().map(Shape::width).sum(),
-            Shape::Io => 0,
+            Shape::Io | Shape::Stack => 0,
         }
     }
 
     /// Builds the runtime value from flattened scalars.
-    fn value(&self, vals: &mut impl Iterator<Item = Scalar>) -> Result<Value, RtError> {
+    pub(super) fn value(&self, vals: &mut impl Iterator<Item = Scalar>) -> Result<Value, RtError> {
         Ok(match self {
             Shape::Scalar(_, weak) => {
                 let s = vals
@@ -131,6 +134,7 @@ impl Shape {
                     .collect::<Result<Vec<_>, _>>()?,
             ),
             Shape::Io => Value::Io,
+            Shape::Stack => return Err(RtError::internal("scalar kernel: a stack result")),
         })
     }
 }
@@ -146,19 +150,88 @@ fn literal(c: &Const) -> Option<(Scalar, WeakDType)> {
 }
 
 /// What the analysis learnt about a graph that may join a region.
-struct Info {
+pub(super) struct Info {
     /// Graphs it calls, with whether the call is its tail call.
     calls: Vec<(GraphId, bool)>,
 }
 
-struct Cx<'a> {
-    m: &'a Module,
-    types: &'a Types,
-    fv: &'a FreeVars,
+pub(super) struct Cx<'a> {
+    pub(super) m: &'a Module,
+    pub(super) types: &'a Types,
+    pub(super) fv: &'a FreeVars,
+    /// Reverse mode's stacks, when loops are differentiated whole
+    /// ([`super::reverse`]); empty otherwise.
+    pub(super) stacks: Stacks,
+}
+
+/// The stacks of the reverse-mode loops in a module: the graphs that pass
+/// one on (`J'` graphs, [`crate::ad`]) with their stack parameter, and the
+/// nodes that are stacks (those parameters, and `ad_hide((@B, stack))`
+/// pushes with the tuple inside).
+#[derive(Default)]
+pub(super) struct Stacks {
+    pub(super) param: HashMap<GraphId, NodeId>,
+    pub(super) nodes: HashSet<NodeId>,
 }
 
 impl Cx<'_> {
-    fn shape(&self, n: NodeId) -> Option<Shape> {
+    /// The nodes of `g` to compile: its body, but in a graph with a stack
+    /// only what its result needs apart from the pushes (the
+    /// backpropagators and what only they use are reverse mode's, which
+    /// the region's own reverse replaces).
+    pub(super) fn body(&self, g: GraphId) -> Vec<NodeId> {
+        let body = graph_body_with(self.m, g, self.fv);
+        if !self.stacks.param.contains_key(&g) {
+            return body;
+        }
+        let Some(out) = self.m.graph(g).output else {
+            return body;
+        };
+        let mut live: HashSet<NodeId> = HashSet::new();
+        let mut todo = vec![out];
+        while let Some(n) = todo.pop() {
+            if self.stacks.nodes.contains(&n) || self.m.node(n).graph != Some(g) || !live.insert(n)
+            {
+                continue;
+            }
+            todo.extend(self.m.inputs(n).iter().copied());
+        }
+        body.into_iter().filter(|n| live.contains(n)).collect()
+    }
+
+    /// Whether node `n` is a call whose last argument is a stack (a tail
+    /// call between `J'` graphs, or the call that starts a loop's stack).
+    fn passes_stack(&self, n: NodeId) -> bool {
+        let ins = self.m.inputs(n);
+        ins.len() >= 2
+            && !self.stacks.param.is_empty()
+            && self.m.applied_prim(n).is_none()
+            && self.stacks.nodes.contains(ins.last().expect("checked"))
+    }
+
+    pub(super) fn shape(&self, n: NodeId) -> Option<Shape> {
+        if self.stacks.nodes.contains(&n) {
+            return Some(Shape::Stack);
+        }
+        if !self.stacks.param.is_empty() {
+            // `(value, stack)`: what `J'` graphs return.
+            if self.m.applied_prim(n) == Some(Prim::MakeTuple)
+                && self.m.inputs(n).last().is_some_and(|l| self.stacks.nodes.contains(l))
+            {
+                let items: Option<Vec<Shape>> =
+                    self.m.inputs(n)[1..].iter().map(|i| self.shape(*i)).collect();
+                return items.map(Shape::Tuple);
+            }
+            if self.passes_stack(n) {
+                let AbsVal::Tuple(items) = self.types.value_of(n)? else {
+                    return None;
+                };
+                let [v, _] = &items[..] else {
+                    return None;
+                };
+                return Some(Shape::Tuple(vec![Shape::of(v)?, Shape::Stack]));
+            }
+        }
         match self.m.as_const(n) {
             Some(Const::Unit) => Some(Shape::Tuple(Vec::new())),
             Some(c) => literal(c).map(|(s, _)| Shape::Scalar(s.ty(), s.ty() != SType::Bool)),
@@ -174,11 +247,17 @@ impl Cx<'_> {
         }
     }
 
-    fn graph_const(&self, n: NodeId) -> Option<GraphId> {
+    pub(super) fn graph_const(&self, n: NodeId) -> Option<GraphId> {
         match self.m.as_const(n) {
             Some(Const::Graph(h)) => Some(*h),
             _ => None,
         }
+    }
+
+    /// The graphs `switch(c, @a, @b)` node `n` chooses from (none if it
+    /// is not one).
+    pub(super) fn choice_graphs(&self, n: NodeId) -> Vec<GraphId> {
+        self.choice(n).map(|(_, a, b)| vec![a, b]).unwrap_or_default()
     }
 
     /// `switch(c, @a, @b)`: the two graphs.
@@ -203,13 +282,13 @@ impl Cx<'_> {
         let out = graph.output?;
         for &p in &graph.params {
             let sh = self.shape(p)?;
-            (sh.scalar().is_some() || sh == Shape::Io).then_some(())?;
+            (sh.scalar().is_some() || sh == Shape::Io || sh == Shape::Stack).then_some(())?;
         }
         for &p in self.fv.get(g) {
             self.shape(p)?.scalar()?;
         }
         self.shape(out)?;
-        let body = graph_body_with(m, g, self.fv);
+        let body = self.body(g);
         let choices: HashSet<NodeId> = body
             .iter()
             .copied()
@@ -331,7 +410,7 @@ impl Cx<'_> {
 
 /// The graphs that can be compiled, closed under calls, with no cycle of
 /// non-tail calls.
-fn compilable(cx: &Cx, graphs: &[GraphId]) -> HashMap<GraphId, Info> {
+pub(super) fn compilable(cx: &Cx, graphs: &[GraphId]) -> HashMap<GraphId, Info> {
     let mut ok: HashMap<GraphId, Info> = graphs
         .iter()
         .filter_map(|g| cx.analyze(*g).map(|i| (*g, i)))
@@ -388,17 +467,17 @@ fn compilable(cx: &Cx, graphs: &[GraphId]) -> HashMap<GraphId, Info> {
 }
 
 /// The graphs a region entered at `g` runs.
-struct Region {
+pub(super) struct Region {
     /// `g` first.
-    order: Vec<GraphId>,
+    pub(super) order: Vec<GraphId>,
     /// Whether some graph of it reaches itself (a loop).
-    cyclic: bool,
+    pub(super) cyclic: bool,
     /// Graphs outside the region that graphs of it tail-call: where the
     /// loop hands over to the VM.
-    exits: Vec<GraphId>,
+    pub(super) exits: Vec<GraphId>,
 }
 
-fn region(ok: &HashMap<GraphId, Info>, g: GraphId) -> Region {
+pub(super) fn region(ok: &HashMap<GraphId, Info>, g: GraphId) -> Region {
     let mut order = vec![g];
     let mut seen: HashSet<GraphId> = HashSet::from([g]);
     let mut exits = Vec::new();
@@ -445,7 +524,7 @@ fn region(ok: &HashMap<GraphId, Info>, g: GraphId) -> Region {
 /// How a region that exits to the VM ends: every graph reached from the
 /// entry through tail calls (`chain`) returns the arguments of the exit's
 /// call, through the function `func` (the last of the program).
-struct Exit {
+pub(super) struct Exit {
     graph: GraphId,
     chain: HashSet<GraphId>,
     /// The exit call's arguments: their shapes (`Shape::Io` for the token).
@@ -565,7 +644,12 @@ pub(super) fn scalar_groups(
     if std::env::var_os("ADJOINT_NO_SCALAR_JIT").is_some() {
         return;
     }
-    let cx = Cx { m, types, fv };
+    let cx = Cx {
+        m,
+        types,
+        fv,
+        stacks: Stacks::default(),
+    };
     let ok = compilable(&cx, graphs);
     let trace = std::env::var_os("ADJOINT_SCALAR_TRACE").is_some();
     if trace {
@@ -687,7 +771,7 @@ pub(super) fn scalar_groups(
 }
 
 /// Whether the arguments of call `n` have the parameter types of `g`.
-fn entry_types_match(cx: &Cx, n: NodeId, g: GraphId) -> bool {
+pub(super) fn entry_types_match(cx: &Cx, n: NodeId, g: GraphId) -> bool {
     let args = &cx.m.inputs(n)[1..];
     let params = &cx.m.graph(g).params;
     args.len() == params.len()
@@ -702,8 +786,8 @@ fn entry_types_match(cx: &Cx, n: NodeId, g: GraphId) -> bool {
         })
 }
 
-/// Builds and compiles the program of a region.
-fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel> {
+/// The program of a region: one function per graph, `order[0]` first.
+pub(super) fn program_of(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarProgram> {
     let index: HashMap<GraphId, u32> = order
         .iter()
         .enumerate()
@@ -724,7 +808,12 @@ fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel
             term: STerm::Return((0..tys.len() as u32).map(SVal).collect()),
         });
     }
-    let program = ScalarProgram { funcs };
+    Some(ScalarProgram { funcs })
+}
+
+/// Builds and compiles the program of a region.
+fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel> {
+    let program = program_of(cx, order, exit)?;
     // Compilation validates the program first.
     let compiled = match compile_scalar_cached(&program) {
         Ok(c) => c,
@@ -780,7 +869,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         };
         let graph = cx.m.graph(g);
         for &p in graph.params.iter().chain(cx.fv.get(g)) {
-            if cx.shape(p)? == Shape::Io {
+            if matches!(cx.shape(p)?, Shape::Io | Shape::Stack) {
                 b.vals.insert(p, Vec::new());
                 continue;
             }
@@ -804,6 +893,9 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
     /// The flattened values of `n` with the types of `shape` (literals
     /// are made of that type).
     fn values(&mut self, n: NodeId, shape: &Shape) -> Option<Vec<SVal>> {
+        if *shape == Shape::Stack {
+            return Some(Vec::new());
+        }
         if let Some(c) = self.cx.m.as_const(n) {
             if *c == Const::Unit {
                 return (*shape == Shape::Tuple(Vec::new())).then(Vec::new);
@@ -857,6 +949,12 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                 (self.cx.shape(a)? == Shape::Io).then_some(())?;
                 continue;
             }
+            if shape == Shape::Stack {
+                // Within the region; the entry's `()` is passed by the
+                // kernel's caller.
+                (self.cx.shape(a)? == Shape::Stack).then_some(())?;
+                continue;
+            }
             let (t, _) = shape.scalar()?;
             let v = self.values(a, &shape)?;
             // An argument is passed as it is: its type must be the
@@ -891,9 +989,9 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         let out = m.graph(g).output?;
         let results = self.results_of(g)?;
         let mut term = None;
-        for n in graph_body_with(m, g, cx.fv) {
+        for n in cx.body(g) {
             let ins = m.inputs(n).to_vec();
-            if cx.choice(n).is_some() {
+            if cx.choice(n).is_some() || cx.stacks.nodes.contains(&n) {
                 continue;
             }
             // Calls.
@@ -1049,23 +1147,33 @@ impl NativeKernel for ScalarKernel {
 
     fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
         super::check_arity(&self.name, self.params.len(), args.len())?;
-        let mut scalars = Vec::with_capacity(args.len());
-        for (a, t) in args.iter().zip(&self.params) {
-            let wrong = || RtError::internal(format!("{}: expected a {t} scalar", self.name));
-            let Value::Tensor(x) = a else {
-                return Err(wrong());
-            };
-            if !x.is_scalar() || x.dtype() != t.dtype() {
-                return Err(wrong());
-            }
-            scalars.push(match t {
-                SType::F32 => Scalar::F32(x.as_f32().ok_or_else(wrong)?[0]),
-                SType::F64 => Scalar::F64(x.as_f64().ok_or_else(wrong)?[0]),
-                SType::I64 => Scalar::I64(x.as_i64().ok_or_else(wrong)?[0]),
-                SType::Bool => Scalar::Bool(x.as_bool().ok_or_else(wrong)?[0]),
-            });
-        }
+        let scalars = scalar_args(&self.name, &args, &self.params)?;
         let out = self.compiled.call(&scalars).map_err(RtError::new)?;
         self.result.value(&mut out.into_iter())
     }
+}
+
+/// The values of 0-d tensor arguments `args` of types `params`.
+pub(super) fn scalar_args(
+    name: &str,
+    args: &[Value],
+    params: &[SType],
+) -> Result<Vec<Scalar>, RtError> {
+    let mut scalars = Vec::with_capacity(args.len());
+    for (a, t) in args.iter().zip(params) {
+        let wrong = || RtError::internal(format!("{name}: expected a {t} scalar"));
+        let Value::Tensor(x) = a else {
+            return Err(wrong());
+        };
+        if !x.is_scalar() || x.dtype() != t.dtype() {
+            return Err(wrong());
+        }
+        scalars.push(match t {
+            SType::F32 => Scalar::F32(x.as_f32().ok_or_else(wrong)?[0]),
+            SType::F64 => Scalar::F64(x.as_f64().ok_or_else(wrong)?[0]),
+            SType::I64 => Scalar::I64(x.as_i64().ok_or_else(wrong)?[0]),
+            SType::Bool => Scalar::Bool(x.as_bool().ok_or_else(wrong)?[0]),
+        });
+    }
+    Ok(scalars)
 }

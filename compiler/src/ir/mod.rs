@@ -123,6 +123,11 @@ pub struct Graph {
 pub struct Module {
     pub nodes: Vec<Node>,
     pub graphs: Vec<Graph>,
+    /// Graphs the optimiser copied without one parameter (specialised on
+    /// a function argument, `opt::specialize`): the copy → the graph it
+    /// copies and the index of the parameter dropped. Reverse mode's
+    /// results keep a cotangent per parameter of the original.
+    pub dropped_params: std::collections::HashMap<GraphId, (GraphId, usize)>,
 }
 
 impl Module {
@@ -136,6 +141,30 @@ impl Module {
     pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
         &mut self.nodes[id.index()]
     }
+    /// For each parameter of `g`, its index among the parameters of the
+    /// graph it was first copied from ([`Module::dropped_params`]), and
+    /// that graph's parameter count.
+    pub fn original_params(&self, g: GraphId) -> (Vec<usize>, usize) {
+        let mut idx: Vec<usize> = (0..self.graph(g).params.len()).collect();
+        let mut count = idx.len();
+        let mut at = g;
+        let mut steps = 0;
+        while let Some(&(orig, j)) = self.dropped_params.get(&at) {
+            for i in idx.iter_mut() {
+                if *i >= j {
+                    *i += 1;
+                }
+            }
+            count += 1;
+            at = orig;
+            steps += 1;
+            if steps > self.graphs.len() {
+                break;
+            }
+        }
+        (idx, count)
+    }
+
     pub fn graph(&self, id: GraphId) -> &Graph {
         &self.graphs[id.index()]
     }

@@ -120,6 +120,7 @@ impl Rewriter<'_> {
                     }
                 }
                 self.memo.copies.insert(key, c);
+                self.m.dropped_params.insert(c, (h, j));
                 c
             }
         };

@@ -79,6 +79,8 @@ extern "C" fn tape_grow(t: *mut TapeBuf, n: u64) -> u8 {
 /// A scalar program compiled to native code.
 pub struct CompiledScalar {
     program: ScalarProgram,
+    /// Whether the program pushes to its tape.
+    pushes: bool,
     func: Trampoline,
     compile_time: Duration,
     _code: Code,
@@ -111,6 +113,52 @@ impl CompiledScalar {
     /// [`CompiledScalar::call`] for a program with tape operations: they
     /// push to and pop from `tape`.
     pub fn call_with_tape(&self, args: &[Scalar], tape: &mut Vec<u64>) -> Result<Vec<Scalar>, String> {
+        let mut v = std::mem::ManuallyDrop::new(std::mem::take(tape));
+        let mut buf = TapeBuf {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+            cap: v.capacity(),
+            fault: 0,
+        };
+        // SAFETY: `buf` is a live Vec's parts, which native code keeps
+        // valid (it grows the Vec only through `tape_grow`, and never pops
+        // below empty); they are put back together afterwards.
+        let out = unsafe { self.run(args, &mut buf) };
+        *tape = unsafe { Vec::from_raw_parts(buf.ptr, buf.len, buf.cap) };
+        out
+    }
+
+    /// [`CompiledScalar::call`] for a program that only pops (a reverse
+    /// pass): it pops from `tape`, which must be used up.
+    pub fn call_popping(&self, args: &[Scalar], tape: &[u64]) -> Result<Vec<Scalar>, String> {
+        if self.pushes {
+            return Err(format!("{}: the program pushes", self.program.entry().name));
+        }
+        let mut buf = TapeBuf {
+            ptr: tape.as_ptr() as *mut u64,
+            len: tape.len(),
+            cap: tape.len(),
+            fault: 0,
+        };
+        // SAFETY: a program without pushes only reads the tape (and
+        // lowers `len`), so the borrowed slice is never written or grown.
+        let out = unsafe { self.run(args, &mut buf) }?;
+        if buf.len != 0 {
+            return Err(format!(
+                "internal error: {} left {} values on the tape",
+                self.program.entry().name,
+                buf.len
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Runs the entry with tape `buf`.
+    ///
+    /// # Safety
+    /// `buf` must describe memory the program may use as its tape: for a
+    /// program that pushes, a Vec's parts.
+    unsafe fn run(&self, args: &[Scalar], buf: &mut TapeBuf) -> Result<Vec<Scalar>, String> {
         let entry = self.program.entry();
         if args.len() != entry.params.len()
             || args.iter().zip(&entry.params).any(|(a, t)| a.ty() != *t)
@@ -122,22 +170,10 @@ impl CompiledScalar {
         }
         let bits: Vec<u64> = args.iter().map(|a| a.to_bits()).collect();
         let mut out = vec![0u64; entry.results.len().max(1)];
-        let mut v = std::mem::ManuallyDrop::new(std::mem::take(tape));
-        let mut buf = TapeBuf {
-            ptr: v.as_mut_ptr(),
-            len: v.len(),
-            cap: v.capacity(),
-            fault: 0,
-        };
         // SAFETY: the trampoline reads one u64 per parameter and writes one
         // per result, and the arguments were checked against the types the
-        // code was compiled for. Native code keeps `buf` a valid Vec's
-        // parts (it grows it only through `tape_grow`, and never pops
-        // below empty).
-        unsafe {
-            (self.func)(bits.as_ptr(), out.as_mut_ptr(), &mut buf);
-            *tape = Vec::from_raw_parts(buf.ptr, buf.len, buf.cap);
-        }
+        // code was compiled for; the caller vouches for `buf`.
+        unsafe { (self.func)(bits.as_ptr(), out.as_mut_ptr(), buf) };
         if adjoint_runtime::vm::interrupt_requested() {
             return Err("interrupted".into());
         }
@@ -286,9 +322,12 @@ pub fn compile_scalar_cached(program: &ScalarProgram) -> Result<Arc<CompiledScal
 }
 
 /// Compiles `program` (which must validate).
-pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, CodegenError> {
-    program.validate().map_err(CodegenError::Backend)?;
+pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, CodegenError> {
+    original.validate().map_err(CodegenError::Backend)?;
     let t0 = Instant::now();
+    // Loop headers copied into their bodies: back edges become jumps.
+    let inlined = original.inline_tail_calls(24);
+    let program = &inlined;
     let isa = tail_call_isa()?;
     let mut builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
     let needed = imports(program);
@@ -375,6 +414,15 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
             let mut vals: Vec<Value> = b.block_params(entry).to_vec();
             // The tape pointer, passed on to every call.
             let tp: Option<Value> = uses_tape.then(|| vals.remove(0));
+            // The loop header: tail calls of the function itself jump here.
+            let header = b.create_block();
+            for t in &f.params {
+                b.append_block_param(header, clif_type(*t));
+            }
+            let args: Vec<BlockArg> = vals.iter().map(|v| (*v).into()).collect();
+            b.ins().jump(header, &args);
+            b.switch_to_block(header);
+            let mut vals: Vec<Value> = b.block_params(header).to_vec();
             let with_tape = |args: Vec<Value>| -> Vec<Value> {
                 tp.into_iter().chain(args).collect()
             };
@@ -504,8 +552,13 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
             }
             let v = |x: &SVal| vals[x.0 as usize];
             let tail = |b: &mut FunctionBuilder, c: &SCall| {
-                let args = with_tape(c.args.iter().map(v).collect());
-                b.ins().return_call(funcs[c.func.0 as usize], &args);
+                if c.func.0 as usize == i {
+                    let args: Vec<BlockArg> = c.args.iter().map(|x| v(x).into()).collect();
+                    b.ins().jump(header, &args);
+                } else {
+                    let args = with_tape(c.args.iter().map(v).collect());
+                    b.ins().return_call(funcs[c.func.0 as usize], &args);
+                }
             };
             match &f.term {
                 STerm::Return(vs) => {
@@ -577,7 +630,11 @@ pub fn compile_scalar(program: &ScalarProgram) -> Result<CompiledScalar, Codegen
     // SAFETY: the trampoline was defined with the `Trampoline` signature.
     let func = unsafe { std::mem::transmute::<*const u8, Trampoline>(ptr) };
     Ok(CompiledScalar {
-        program: program.clone(),
+        pushes: original
+            .funcs
+            .iter()
+            .any(|f| f.body.iter().any(|i| matches!(i.op, SOp::Push(_)))),
+        program: original.clone(),
         func,
         compile_time: t0.elapsed(),
         _code: Code(Some(module)),

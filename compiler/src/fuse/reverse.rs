@@ -1,0 +1,470 @@
+//! Loops over scalars differentiated whole: reverse mode with a typed
+//! tape instead of a chain of closures.
+//!
+//! Reverse mode turns a loop into `J'` graphs ([`crate::ad`]) that push a
+//! backpropagator closure per iteration onto a stack, and `unwind`, which
+//! pops and calls them; the VM runs both with a heap allocation per step.
+//! When the loop is over scalars, its `J'` graphs with the pushes left out
+//! are a scalar region computing the loop itself ([`super::scalar`], with
+//! the stack as [`Shape::Stack`]). This pass finds the call that starts
+//! such a loop, `r = J'(args.., ())`, whose stack `tuple_get(r, 1)` goes
+//! only to one `unwind(stack, seed)`, and replaces both calls with native
+//! kernels made by [`crate::codegen::scalar_ad`]: the first runs the loop
+//! and records a tape (an i64 tensor), the second runs it backwards from
+//! the seed and gives `unwind`'s result, `(env, d_args..)`.
+//!
+//! Only the cotangents of the loop's own arguments are computed: when
+//! something reads the environment (the cotangents of the loop's free
+//! variables), the closures stay. So do loops that are not all scalars.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use adjoint_runtime::error::RtError;
+use adjoint_runtime::tensor::Tensor;
+use adjoint_runtime::value::Value;
+use adjoint_runtime::vm::NativeKernel;
+
+use super::scalar::{
+    compilable, program_of, region, scalar_args, Cx, Shape, Stacks,
+};
+use super::{form, Group, Plan};
+use crate::codegen::cpu::scalar::{compile_scalar_cached, CompiledScalar};
+use crate::codegen::scalar::{SType, Scalar};
+use crate::codegen::scalar_ad::reverse;
+use crate::infer::Types;
+use crate::ir::analysis::{graph_body_with, FreeVars};
+use crate::ir::{Const, GraphId, Loc, Module, NodeId};
+use crate::prim::Prim;
+
+/// The stacks of the `J'` graphs among `graphs`: their last parameter
+/// `stack`, and the pushes `ad_hide((@B, stack))`.
+fn find_stacks(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> Stacks {
+    let mut st = Stacks::default();
+    for &g in graphs {
+        let graph = m.graph(g);
+        if graph.name.starts_with("J.") && graph.param_names.last().is_some_and(|p| p == "stack") {
+            let p = *graph.params.last().expect("a named parameter");
+            st.param.insert(g, p);
+            st.nodes.insert(p);
+        }
+    }
+    for &g in st.param.keys().copied().collect::<Vec<_>>().iter() {
+        for n in graph_body_with(m, g, fv) {
+            let ins = m.inputs(n);
+            let pushed = match m.applied_prim(n) {
+                Some(Prim::MakeTuple) => {
+                    ins.len() == 3
+                        && matches!(m.as_const(ins[1]), Some(Const::Graph(_)))
+                        && st.nodes.contains(&ins[2])
+                }
+                Some(Prim::AdHide) => ins.len() == 2 && st.nodes.contains(&ins[1]),
+                _ => false,
+            };
+            if pushed {
+                st.nodes.insert(n);
+            }
+        }
+    }
+    st
+}
+
+/// Every use of every node of `graphs`: (user, input position); a graph's
+/// output and the free variables of graphs count as uses by `None`.
+fn uses(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> HashMap<NodeId, Vec<Option<(NodeId, usize)>>> {
+    let mut out: HashMap<NodeId, Vec<Option<(NodeId, usize)>>> = HashMap::new();
+    for &g in graphs {
+        for n in graph_body_with(m, g, fv) {
+            for (k, &i) in m.inputs(n).iter().enumerate() {
+                out.entry(i).or_default().push(Some((n, k)));
+            }
+        }
+        if let Some(o) = m.graph(g).output {
+            out.entry(o).or_default().push(None);
+        }
+        for &u in fv.get(g) {
+            out.entry(u).or_default().push(None);
+        }
+    }
+    out
+}
+
+/// Whether the stacks are used only as stacks: pushed, passed on as a
+/// `J'` call's last argument, or returned beside the value. A graph
+/// where one is used otherwise loses its stack (and stays with the VM).
+fn check_stacks(cx: &mut Cx, uses: &HashMap<NodeId, Vec<Option<(NodeId, usize)>>>) {
+    let m = cx.m;
+    let mut bad: HashSet<GraphId> = HashSet::new();
+    for &s in &cx.stacks.nodes {
+        let Some(g) = m.node(s).graph else { continue };
+        for u in uses.get(&s).map(Vec::as_slice).unwrap_or(&[]) {
+            let ok = match u {
+                None => false,
+                Some((n, k)) => {
+                    let ins = m.inputs(*n);
+                    cx.stacks.nodes.contains(n)
+                        || (*k == ins.len() - 1 && m.applied_prim(*n).is_none() && {
+                            // A tail call of J' graphs.
+                            let callees = match m.as_const(ins[0]) {
+                                Some(Const::Graph(h)) => vec![*h],
+                                _ => cx.choice_graphs(ins[0]),
+                            };
+                            !callees.is_empty()
+                                && callees.iter().all(|h| cx.stacks.param.contains_key(h))
+                                && m.graph(g).output == Some(*n)
+                        })
+                        || (m.applied_prim(*n) == Some(Prim::MakeTuple)
+                            && *k == ins.len() - 1
+                            && m.graph(g).output == Some(*n))
+                }
+            };
+            if !ok {
+                bad.insert(g);
+            }
+        }
+    }
+    for g in bad {
+        if let Some(p) = cx.stacks.param.remove(&g) {
+            cx.stacks.nodes.remove(&p);
+        }
+    }
+}
+
+/// Whether `g` is reverse mode's `unwind` ([`crate::ad`] makes it, with
+/// no source location).
+fn is_unwind(m: &Module, g: GraphId) -> bool {
+    let graph = m.graph(g);
+    graph.name.starts_with("unwind")
+        && graph.loc == Loc::NONE
+        && graph.param_names.len() == 2
+        && graph.param_names[0] == "stack"
+}
+
+/// Adds the two kernels of every loop over scalars whose gradient the VM
+/// would otherwise run with closures.
+pub(super) fn reverse_groups(
+    m: &Module,
+    graphs: &[GraphId],
+    types: &Types,
+    fv: &FreeVars,
+    plan: &mut Plan,
+) {
+    if std::env::var_os("ADJOINT_NO_SCALAR_JIT").is_some() {
+        return;
+    }
+    let stacks = find_stacks(m, graphs, fv);
+    if stacks.param.is_empty() {
+        return;
+    }
+    let uses = uses(m, graphs, fv);
+    let mut cx = Cx {
+        m,
+        types,
+        fv,
+        stacks,
+    };
+    check_stacks(&mut cx, &uses);
+    let trace = std::env::var_os("ADJOINT_SCALAR_TRACE").is_some();
+    let ok = compilable(&cx, graphs);
+    let mut built: HashMap<GraphId, Option<Arc<Built>>> = HashMap::new();
+    for &h in graphs {
+        if cx.stacks.param.contains_key(&h) {
+            continue;
+        }
+        for n in graph_body_with(m, h, fv) {
+            let ins = m.inputs(n);
+            let Some(Const::Graph(g)) = m.as_const(ins[0]).cloned() else {
+                continue;
+            };
+            if !ok.contains_key(&g)
+                || !cx.stacks.param.contains_key(&g)
+                || m.as_const(*ins.last().expect("a callee")) != Some(&Const::Unit)
+                || plan.member_of.contains_key(&n)
+            {
+                continue;
+            }
+            let Some((stack, unwind, seed)) = stack_use(&cx, &uses, n) else {
+                if trace {
+                    eprintln!(
+                        "scalar: reverse @{}: its stack is not only unwound",
+                        m.graph(g).name
+                    );
+                }
+                continue;
+            };
+            let b = built
+                .entry(g)
+                .or_insert_with(|| {
+                    let r = build(&cx, &ok, g);
+                    if trace {
+                        eprintln!(
+                            "scalar: reverse @{}: {}",
+                            m.graph(g).name,
+                            match &r {
+                                Ok(_) => "compiled".to_string(),
+                                Err(e) => format!("not compiled ({e})"),
+                            }
+                        );
+                    }
+                    r.ok().map(Arc::new)
+                })
+                .clone();
+            let Some(b) = b else { continue };
+            // The seed must be the cotangent of the value.
+            if cx.shape(seed).map(|s| s.flat()) != Some(b.value.flat()) {
+                if trace {
+                    eprintln!("scalar: reverse @{}: the seed's type differs", m.graph(g).name);
+                }
+                continue;
+            }
+            let mut inputs: Vec<NodeId> = ins[1..ins.len() - 1].to_vec();
+            inputs.extend(fv.get(g).iter().copied());
+            let name = &m.graph(g).name;
+            let fi = plan.groups.len();
+            plan.member_of.insert(n, fi);
+            plan.groups.push(Group {
+                graph: h,
+                graph_name: m.graph(h).name.clone(),
+                members: vec![n],
+                inputs,
+                outputs: vec![n],
+                recomputed: Vec::new(),
+                description: format!(
+                    "scalar loop @{name} recording its tape for reverse mode, compiled in {:.2} ms",
+                    b.forward.compile_time().as_secs_f64() * 1e3
+                ),
+                form: form::KernelForm::Scalar(b.forward.program().clone()),
+                kernel: Arc::new(Forward(b.clone())),
+                then: None,
+            });
+            let bi = plan.groups.len();
+            plan.member_of.insert(unwind, bi);
+            plan.groups.push(Group {
+                graph: h,
+                graph_name: m.graph(h).name.clone(),
+                members: vec![unwind],
+                inputs: vec![stack, seed],
+                outputs: vec![unwind],
+                recomputed: Vec::new(),
+                description: format!(
+                    "reverse of scalar loop @{name} from its tape, compiled in {:.2} ms",
+                    b.backward.compile_time().as_secs_f64() * 1e3
+                ),
+                form: form::KernelForm::Scalar(b.backward.program().clone()),
+                kernel: Arc::new(Backward(b.clone())),
+                then: None,
+            });
+        }
+    }
+}
+
+/// For the call `n` that starts a loop's stack: the stack node, the
+/// `unwind` call that is its only use, and the seed; `None` unless only
+/// `tuple_get`s read `n` and the unwind's result, and nothing reads the
+/// environment (index 0) of that result.
+fn stack_use(
+    cx: &Cx,
+    uses: &HashMap<NodeId, Vec<Option<(NodeId, usize)>>>,
+    n: NodeId,
+) -> Option<(NodeId, NodeId, NodeId)> {
+    let m = cx.m;
+    let get_index = |u: NodeId| -> Option<i64> {
+        if m.applied_prim(u) != Some(Prim::TupleGet) {
+            return None;
+        }
+        match m.as_const(m.inputs(u)[2]) {
+            Some(Const::Int(k)) => Some(*k),
+            _ => None,
+        }
+    };
+    let users = |x: NodeId| -> Option<Vec<(NodeId, usize)>> {
+        uses.get(&x)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+            .iter()
+            .copied()
+            .collect::<Option<Vec<_>>>()
+    };
+    let mut stack = None;
+    for (u, k) in users(n)? {
+        (k == 1).then_some(())?;
+        match get_index(u)? {
+            0 => {}
+            1 if stack.is_none() => stack = Some(u),
+            _ => return None,
+        }
+    }
+    let stack = stack?;
+    let [(unwind, 1)] = users(stack)?[..] else {
+        return None;
+    };
+    let ins = m.inputs(unwind);
+    let Some(Const::Graph(uw)) = m.as_const(ins[0]) else {
+        return None;
+    };
+    (ins.len() == 3 && is_unwind(m, *uw) && m.node(unwind).graph == m.node(n).graph).then_some(())?;
+    for (u, k) in users(unwind)? {
+        (k == 1 && get_index(u)? >= 1).then_some(())?;
+    }
+    Some((stack, unwind, ins[2]))
+}
+
+/// A loop's two compiled programs.
+struct Built {
+    name: String,
+    forward: Arc<CompiledScalar>,
+    backward: Arc<CompiledScalar>,
+    /// The loop's value (the first element of `J'`'s result).
+    value: Shape,
+    /// Per parameter of the `J'` entry but the stack: its type and weak
+    /// flag if it is a float (its cotangent is computed), else `None`.
+    params: Vec<Option<(SType, bool)>>,
+    /// Where each parameter's cotangent goes in `unwind`'s result, which
+    /// has one per parameter of the graph the entry was specialised from
+    /// (after the environment): `len` slots.
+    slots: Vec<usize>,
+    len: usize,
+}
+
+fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Result<Built, String> {
+    let m = cx.m;
+    let r = region(ok, g);
+    if !r.exits.is_empty() {
+        return Err("the loop leaves through graphs outside it".into());
+    }
+    let out = m.graph(g).output.ok_or("no output")?;
+    let Some(Shape::Tuple(items)) = cx.shape(out) else {
+        return Err("the result is not (value, stack)".into());
+    };
+    let [value, Shape::Stack] = &items[..] else {
+        return Err("the result is not (value, stack)".into());
+    };
+    let program = program_of(cx, &r.order, None).ok_or("no scalar program")?;
+    let rev = reverse(&program)?;
+    let forward = compile_scalar_cached(&rev.forward).map_err(|e| e.to_string())?;
+    let backward = compile_scalar_cached(&rev.backward).map_err(|e| e.to_string())?;
+    let graph = m.graph(g);
+    let params = graph.params[..graph.params.len() - 1]
+        .iter()
+        .map(|p| match cx.shape(*p)?.scalar()? {
+            (t, w) if t.is_float() => Some(Some((t, w))),
+            _ => Some(None),
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or("a parameter is not a scalar")?;
+    let (orig, count) = m.original_params(g);
+    // The stack is the last parameter, in the copy as in the original.
+    if orig.last() != Some(&(count - 1)) {
+        return Err("the stack is not the original's last parameter".into());
+    }
+    Ok(Built {
+        slots: orig[..orig.len() - 1].iter().map(|i| i + 1).collect(),
+        len: count,
+        name: graph.name.clone(),
+        forward,
+        backward,
+        value: value.clone(),
+        params,
+    })
+}
+
+/// Runs the loop and records its tape: `(value, tape)`.
+struct Forward(Arc<Built>);
+
+impl NativeKernel for Forward {
+    fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
+        let b = &self.0;
+        let params = &b.forward.program().entry().params;
+        super::check_arity(&b.name, params.len(), args.len())?;
+        let scalars = scalar_args(&b.name, &args, params)?;
+        let mut tape = Vec::with_capacity(1024);
+        let out = b
+            .forward
+            .call_with_tape(&scalars, &mut tape)
+            .map_err(RtError::new)?;
+        let value = b.value.value(&mut out.into_iter())?;
+        let n = tape.len();
+        let tape = Tensor::from_vec(tape.into_iter().map(|x| x as i64).collect::<Vec<i64>>(), &[n])?;
+        Ok(Value::tuple(vec![value, Value::Tensor(tape)]))
+    }
+}
+
+/// Runs the loop backwards from the tape and the seed: `(env, d_args..)`
+/// as `unwind` gives it, the environment a zero.
+struct Backward(Arc<Built>);
+
+impl NativeKernel for Backward {
+    fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
+        let b = &self.0;
+        super::check_arity(&b.name, 2, args.len())?;
+        let bad_tape = || RtError::internal(format!("{}: the tape is not a tape", b.name));
+        let Value::Tensor(t) = &args[0] else {
+            return Err(bad_tape());
+        };
+        let tape: &[i64] = t.as_i64().ok_or_else(bad_tape)?;
+        // SAFETY: i64 and u64 have one size and alignment.
+        let tape: &[u64] = unsafe { std::slice::from_raw_parts(tape.as_ptr() as *const u64, tape.len()) };
+        // The seed's float scalars, depth first.
+        let mut seed = Vec::new();
+        flatten_floats(&args[1], &b.value, &mut seed)
+            .ok_or_else(|| RtError::internal(format!("{}: the seed is not the value's cotangent", b.name)))?;
+        let d = b.backward.call_popping(&seed, tape).map_err(RtError::new)?;
+        let mut d = d.into_iter();
+        let mut out = vec![Value::Zero; b.len];
+        for (p, slot) in b.params.iter().zip(&b.slots) {
+            if let Some((t, weak)) = p {
+                let s = d.next().ok_or_else(|| RtError::internal("too few cotangents"))?;
+                out[*slot] = Shape::Scalar(*t, *weak).value(&mut std::iter::once(s))?;
+            }
+        }
+        Ok(Value::tuple(out))
+    }
+}
+
+/// Appends the float scalars of `v`, whose structure is `shape`.
+fn flatten_floats(v: &Value, shape: &Shape, out: &mut Vec<Scalar>) -> Option<()> {
+    match (shape, v) {
+        (Shape::Scalar(t, _), Value::Tensor(x)) => {
+            if t.is_float() {
+                if !x.is_scalar() || x.dtype() != t.dtype() {
+                    return None;
+                }
+                out.push(match t {
+                    SType::F32 => Scalar::F32(x.as_f32()?[0]),
+                    _ => Scalar::F64(x.as_f64()?[0]),
+                });
+            }
+            Some(())
+        }
+        (Shape::Scalar(t, _), Value::Zero) => {
+            if t.is_float() {
+                out.push(match t {
+                    SType::F32 => Scalar::F32(0.0),
+                    _ => Scalar::F64(0.0),
+                });
+            }
+            Some(())
+        }
+        (Shape::Tuple(items), Value::Tuple(vs)) if items.len() == vs.len() => {
+            for (s, x) in items.iter().zip(vs.iter()) {
+                flatten_floats(x, s, out)?;
+            }
+            Some(())
+        }
+        (Shape::Tuple(items), Value::Zero) => {
+            for s in items {
+                flatten_floats(&Value::Zero, s, out)?;
+            }
+            Some(())
+        }
+        _ => None,
+    }
+}
