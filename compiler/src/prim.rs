@@ -254,6 +254,12 @@ prims! {
     /// stack of backpropagators that reverse mode threads through a loop
     /// grows by one entry per iteration, which no static type describes.
     AdHide = "ad_hide", Struct, X, false, true;
+    /// `ad_key(x, key)`: `x` itself. Reverse mode wraps each use of a
+    /// free variable of a loop it threads a stack through with the
+    /// variable's environment key, so that the loop, compiled whole
+    /// (`fuse::reverse`), can still tell which of its values stand for it
+    /// after the optimiser substituted or specialised them.
+    AdKey = "ad_key", Struct, &[req("x"), req("key")], false, true;
     /// `ones_like(y)` for a float scalar `y`, else an error: the seed of a
     /// `grad` built at run time, where no type check ran.
     GradSeed = "grad_seed", Create, X, false, false;

@@ -88,6 +88,7 @@ pub fn tangent_is_generated(p: Prim) -> bool {
             | Prim::AdLift
             | Prim::AdDyn
             | Prim::AdHide
+            | Prim::AdKey
     )
 }
 
@@ -490,6 +491,7 @@ impl Ad<'_> {
             // Lifting is the identity on data: the tangent passes through.
             Prim::AdLift => dxs[0],
             Prim::AdHide => self.prim(g, Prim::AdHide, &[dxs[0]], loc),
+            Prim::AdKey => dxs[0],
             // A function made at run time carries no tangent (see `dynamic`).
             Prim::Zero | Prim::StopGradient | Prim::AdDyn => self.zero(g, loc),
             _ => unreachable!("only structural primitives have generated tangent rules"),

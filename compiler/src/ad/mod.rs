@@ -117,6 +117,7 @@ pub fn rule_is_generated(p: Prim) -> bool {
             | Prim::AdLift
             | Prim::AdDyn
             | Prim::AdHide
+            | Prim::AdKey
     )
 }
 
@@ -440,6 +441,29 @@ impl<'a> Ad<'a> {
         self.output_tuple(g, &outs, loc);
     }
 
+    /// [`Ad::jmap`], with uses of the free variables in `keyed.external`
+    /// wrapped once per graph in `ad_key(v', key)`.
+    fn jmap_keyed(
+        &mut self,
+        g: GraphId,
+        n: NodeId,
+        arity: usize,
+        at: Loc,
+        keyed: &mut Keyed,
+    ) -> R<NodeId> {
+        if !keyed.external.contains(&n) {
+            return self.jmap(g, n, arity, at);
+        }
+        if let Some(k) = keyed.done.get(&n) {
+            return Ok(*k);
+        }
+        let v = self.jmap(g, n, arity, at)?;
+        let key = self.konst(Const::Int(n.0 as i64), at);
+        let k = self.prim(g, Prim::AdKey, &[v, key], at);
+        keyed.done.insert(n, k);
+        Ok(k)
+    }
+
     /// The forward value standing for `n` inside the J graph being built.
     fn jmap(&mut self, g: GraphId, n: NodeId, arity: usize, at: Loc) -> R<NodeId> {
         match self.m.node(n).kind.clone() {
@@ -614,6 +638,17 @@ impl<'a> Ad<'a> {
             None => None,
         };
         let body = graph_body_with(self.m, f, &self.fv);
+        // In J'(f), uses of the free variables that come from outside the
+        // loop are marked with their environment keys (`ad_key`).
+        let mut keyed = Keyed::default();
+        if stacked.is_some() {
+            for &v in self.fv.get(f).to_vec().iter() {
+                let owner = self.m.node(v).graph;
+                if !owner.is_some_and(|o| self.in_tail_set(o)) {
+                    keyed.external.insert(v);
+                }
+            }
+        }
         let mut bps: HashMap<NodeId, NodeId> = HashMap::new();
         for &y in &body {
             if y == out && tail.is_some() {
@@ -629,7 +664,7 @@ impl<'a> Ad<'a> {
             let arity = inputs.len() - 1;
             let mut ins = Vec::with_capacity(inputs.len());
             for &i in &inputs {
-                ins.push(self.jmap(jf, i, arity, yloc)?);
+                ins.push(self.jmap_keyed(jf, i, arity, yloc, &mut keyed)?);
             }
             // A cast to an int or bool dtype has no derivative: its result
             // carries none, so nothing flows back through it.
@@ -650,7 +685,7 @@ impl<'a> Ad<'a> {
         let out_v = if tail.is_some() {
             None
         } else {
-            Some(self.jmap(jf, out, 0, floc)?)
+            Some(self.jmap_keyed(jf, out, 0, floc, &mut keyed)?)
         };
 
         // The backpropagator: from the output's cotangent, or in J'(f)
@@ -742,7 +777,7 @@ impl<'a> Ad<'a> {
                 let yloc = self.m.node(out).loc;
                 let mut ins = vec![callee];
                 for &a in &inputs[1..] {
-                    ins.push(self.jmap(jf, a, inputs.len() - 1, yloc)?);
+                    ins.push(self.jmap_keyed(jf, a, inputs.len() - 1, yloc, &mut keyed)?);
                 }
                 ins.push(pushed);
                 let r = self.m.add_apply(jf, ins, yloc);
@@ -985,7 +1020,7 @@ impl<'a> Ad<'a> {
         match p {
             // The cotangent of a transformed closure is that of the
             // closure: an environment keyed by the same free variables.
-            Prim::AdLift | Prim::AdDyn | Prim::AdHide => {
+            Prim::AdLift | Prim::AdDyn | Prim::AdHide | Prim::AdKey => {
                 cots.push(dout);
                 for _ in 1..xs.len() {
                     cots.push(self.zero(g, loc));
@@ -1072,6 +1107,14 @@ impl<'a> Ad<'a> {
         self.output_tuple(jg, &[out, bgr], loc);
         Ok(jg)
     }
+}
+
+/// The free variables of a `J'` graph's source that come from outside its
+/// loop, and their marked uses made so far.
+#[derive(Default)]
+struct Keyed {
+    external: HashSet<NodeId>,
+    done: HashMap<NodeId, NodeId>,
 }
 
 /// The error for an IO primitive met while differentiating (both modes).

@@ -92,25 +92,28 @@ fn uses(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> HashMap<NodeId, Vec<Op
 /// Whether the stacks are used only as stacks: pushed, passed on as a
 /// `J'` call's last argument, or returned beside the value. A graph
 /// where one is used otherwise loses its stack (and stays with the VM).
-fn check_stacks(cx: &mut Cx, uses: &HashMap<NodeId, Vec<Option<(NodeId, usize)>>>) {
-    let m = cx.m;
+fn check_stacks(
+    m: &Module,
+    stacks: &mut Stacks,
+    uses: &HashMap<NodeId, Vec<Option<(NodeId, usize)>>>,
+) {
     let mut bad: HashSet<GraphId> = HashSet::new();
-    for &s in &cx.stacks.nodes {
+    for &s in &stacks.nodes {
         let Some(g) = m.node(s).graph else { continue };
         for u in uses.get(&s).map(Vec::as_slice).unwrap_or(&[]) {
             let ok = match u {
                 None => false,
                 Some((n, k)) => {
                     let ins = m.inputs(*n);
-                    cx.stacks.nodes.contains(n)
+                    stacks.nodes.contains(n)
                         || (*k == ins.len() - 1 && m.applied_prim(*n).is_none() && {
                             // A tail call of J' graphs.
                             let callees = match m.as_const(ins[0]) {
                                 Some(Const::Graph(h)) => vec![*h],
-                                _ => cx.choice_graphs(ins[0]),
+                                _ => choice_graphs(m, ins[0]),
                             };
                             !callees.is_empty()
-                                && callees.iter().all(|h| cx.stacks.param.contains_key(h))
+                                && callees.iter().all(|h| stacks.param.contains_key(h))
                                 && m.graph(g).output == Some(*n)
                         })
                         || (m.applied_prim(*n) == Some(Prim::MakeTuple)
@@ -124,9 +127,21 @@ fn check_stacks(cx: &mut Cx, uses: &HashMap<NodeId, Vec<Option<(NodeId, usize)>>
         }
     }
     for g in bad {
-        if let Some(p) = cx.stacks.param.remove(&g) {
-            cx.stacks.nodes.remove(&p);
+        if let Some(p) = stacks.param.remove(&g) {
+            stacks.nodes.remove(&p);
         }
+    }
+}
+
+/// The graphs of `switch(c, @a, @b)` node `n` (none if it is not one).
+fn choice_graphs(m: &Module, n: NodeId) -> Vec<GraphId> {
+    let ins = m.inputs(n);
+    if m.applied_prim(n) != Some(Prim::Switch) || ins.len() != 4 {
+        return Vec::new();
+    }
+    match (m.as_const(ins[2]), m.as_const(ins[3])) {
+        (Some(Const::Graph(a)), Some(Const::Graph(b))) => vec![*a, *b],
+        _ => Vec::new(),
     }
 }
 
@@ -157,13 +172,15 @@ pub(super) fn reverse_groups(
         return;
     }
     let uses = uses(m, graphs, fv);
-    let mut cx = Cx {
+    let mut stacks = stacks;
+    check_stacks(m, &mut stacks, &uses);
+    let cx = Cx {
         m,
         types,
         fv,
-        stacks,
+        stacks: &stacks,
+        keys: Vec::new(),
     };
-    check_stacks(&mut cx, &uses);
     let trace = std::env::var_os("ADJOINT_SCALAR_TRACE").is_some();
     let ok = compilable(&cx, graphs);
     let mut built: HashMap<GraphId, Option<Arc<Built>>> = HashMap::new();
@@ -219,6 +236,7 @@ pub(super) fn reverse_groups(
             }
             let mut inputs: Vec<NodeId> = ins[1..ins.len() - 1].to_vec();
             inputs.extend(fv.get(g).iter().copied());
+            inputs.extend(b.key_inputs.iter().copied());
             let name = &m.graph(g).name;
             let fi = plan.groups.len();
             plan.member_of.insert(n, fi);
@@ -260,8 +278,7 @@ pub(super) fn reverse_groups(
 
 /// For the call `n` that starts a loop's stack: the stack node, the
 /// `unwind` call that is its only use, and the seed; `None` unless only
-/// `tuple_get`s read `n` and the unwind's result, and nothing reads the
-/// environment (index 0) of that result.
+/// `tuple_get`s read `n` and the unwind's result.
 fn stack_use(
     cx: &Cx,
     uses: &HashMap<NodeId, Vec<Option<(NodeId, usize)>>>,
@@ -304,7 +321,7 @@ fn stack_use(
     };
     (ins.len() == 3 && is_unwind(m, *uw) && m.node(unwind).graph == m.node(n).graph).then_some(())?;
     for (u, k) in users(unwind)? {
-        (k == 1 && get_index(u)? >= 1).then_some(())?;
+        (k == 1 && get_index(u)? >= 0).then_some(())?;
     }
     Some((stack, unwind, ins[2]))
 }
@@ -324,10 +341,18 @@ struct Built {
     /// (after the environment): `len` slots.
     slots: Vec<usize>,
     len: usize,
+    /// The environment keys of the loop's marked free variables (inputs
+    /// after the entry's arguments and free variables): `unwind`'s
+    /// environment holds their cotangents.
+    keys: Vec<(i64, SType)>,
+    key_inputs: Vec<NodeId>,
+    /// The entry's float free variables (their cotangents, which the
+    /// keys' stand for, are skipped).
+    fv_floats: usize,
 }
 
 fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Result<Built, String> {
-    let m = cx.m;
+    let (m, fv) = (cx.m, cx.fv);
     let r = region(ok, g);
     if !r.exits.is_empty() {
         return Err("the loop leaves through graphs outside it".into());
@@ -339,7 +364,55 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
     let [value, Shape::Stack] = &items[..] else {
         return Err("the result is not (value, stack)".into());
     };
-    let program = program_of(cx, &r.order, None).ok_or("no scalar program")?;
+    // The marked free variables: one value per key, from outside the loop.
+    let members: HashSet<GraphId> = r.order.iter().copied().collect();
+    let mut marks: HashMap<i64, (NodeId, SType)> = HashMap::new();
+    for &h in &r.order {
+        for n in cx.body(h) {
+            if m.applied_prim(n) != Some(Prim::AdKey) {
+                continue;
+            }
+            let ins = m.inputs(n);
+            let Some(Const::Int(k)) = m.as_const(ins[2]) else {
+                return Err("a key that is not a constant".into());
+            };
+            let x = ins[1];
+            if m.node(x).graph.is_some_and(|o| members.contains(&o)) {
+                return Err("a marked value made inside the loop".into());
+            }
+            let (t, _) = cx
+                .shape(n)
+                .and_then(|s| s.scalar())
+                .ok_or("a marked value that is not a scalar")?;
+            match marks.insert(*k, (x, t)) {
+                Some((y, _)) if y != x => return Err("one key, two values".into()),
+                _ => {}
+            }
+        }
+    }
+    let mut keys: Vec<(i64, SType)> = marks.iter().map(|(k, (_, t))| (*k, *t)).collect();
+    keys.sort_by_key(|(k, _)| *k);
+    // The entry's float free variables must be the marks' values: any
+    // other would be a cotangent this kernel does not give.
+    let marked: HashSet<NodeId> = marks.values().map(|(x, _)| *x).collect();
+    let mut fv_floats = 0;
+    for &u in fv.get(g) {
+        if cx.shape(u).and_then(|s| s.scalar()).is_some_and(|(t, _)| t.is_float()) {
+            if !marked.contains(&u) {
+                return Err("a float free variable without a key".into());
+            }
+            fv_floats += 1;
+        }
+    }
+    let key_inputs: Vec<NodeId> = keys.iter().map(|(k, _)| marks[k].0).collect();
+    let rcx = Cx {
+        m,
+        types: cx.types,
+        fv,
+        stacks: cx.stacks,
+        keys: keys.clone(),
+    };
+    let program = program_of(&rcx, &r.order, None).ok_or("no scalar program")?;
     let rev = reverse(&program)?;
     let forward = compile_scalar_cached(&rev.forward).map_err(|e| e.to_string())?;
     let backward = compile_scalar_cached(&rev.backward).map_err(|e| e.to_string())?;
@@ -358,6 +431,9 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
         return Err("the stack is not the original's last parameter".into());
     }
     Ok(Built {
+        keys,
+        key_inputs,
+        fv_floats,
         slots: orig[..orig.len() - 1].iter().map(|i| i + 1).collect(),
         len: count,
         name: graph.name.clone(),
@@ -418,12 +494,26 @@ impl NativeKernel for Backward {
             .ok_or_else(|| RtError::internal(format!("{}: the seed is not the value's cotangent", b.name)))?;
         let d = b.backward.call_popping(&seed, tape).map_err(RtError::new)?;
         let mut d = d.into_iter();
+        let few = || RtError::internal("too few cotangents");
         let mut out = vec![Value::Zero; b.len];
         for (p, slot) in b.params.iter().zip(&b.slots) {
             if let Some((t, weak)) = p {
-                let s = d.next().ok_or_else(|| RtError::internal("too few cotangents"))?;
+                let s = d.next().ok_or_else(few)?;
                 out[*slot] = Shape::Scalar(*t, *weak).value(&mut std::iter::once(s))?;
             }
+        }
+        for _ in 0..b.fv_floats {
+            d.next().ok_or_else(few)?;
+        }
+        let mut env = Vec::new();
+        for (k, t) in &b.keys {
+            if t.is_float() {
+                let s = d.next().ok_or_else(few)?;
+                env.push((*k as u64, Shape::Scalar(*t, false).value(&mut std::iter::once(s))?));
+            }
+        }
+        if !env.is_empty() {
+            out[0] = Value::Env(Arc::new(env));
         }
         Ok(Value::tuple(out))
     }

@@ -161,7 +161,11 @@ pub(super) struct Cx<'a> {
     pub(super) fv: &'a FreeVars,
     /// Reverse mode's stacks, when loops are differentiated whole
     /// ([`super::reverse`]); empty otherwise.
-    pub(super) stacks: Stacks,
+    pub(super) stacks: &'a Stacks,
+    /// The environment keys of the region being built (`ad_key` marks),
+    /// with their types: every function takes one more parameter per key,
+    /// after its free variables, for the value the key stands for.
+    pub(super) keys: Vec<(i64, SType)>,
 }
 
 /// The stacks of the reverse-mode loops in a module: the graphs that pass
@@ -190,6 +194,11 @@ impl Cx<'_> {
         let mut live: HashSet<NodeId> = HashSet::new();
         let mut todo = vec![out];
         while let Some(n) = todo.pop() {
+            // A graph it calls or chooses needs its free variables.
+            if let Some(h) = self.graph_const(n) {
+                todo.extend(self.fv.get(h).iter().copied());
+                continue;
+            }
             if self.stacks.nodes.contains(&n) || self.m.node(n).graph != Some(g) || !live.insert(n)
             {
                 continue;
@@ -209,6 +218,46 @@ impl Cx<'_> {
             && self.stacks.nodes.contains(ins.last().expect("checked"))
     }
 
+    /// The shape of the value `J'` graph `g` returns beside its stack: a
+    /// `(value, stack)` it builds, or what the `J'` graphs it tail-calls
+    /// return (graphs in `seen` are being looked at: their results join
+    /// the others').
+    fn stacked_value(&self, g: GraphId, seen: &mut HashSet<GraphId>) -> Option<Shape> {
+        if !self.stacks.param.contains_key(&g) || !seen.insert(g) {
+            return None;
+        }
+        let out = self.m.graph(g).output?;
+        let ins = self.m.inputs(out);
+        if self.m.applied_prim(out) == Some(Prim::MakeTuple) {
+            let [_, v, s] = ins else {
+                return None;
+            };
+            return self.stacks.nodes.contains(s).then(|| self.shape(*v)).flatten();
+        }
+        if !self.passes_stack(out) {
+            return None;
+        }
+        let callees = match self.graph_const(ins[0]) {
+            Some(h) => vec![h],
+            None => self.choice(ins[0]).map(|(_, a, b)| vec![a, b])?,
+        };
+        let mut value = None;
+        for h in callees {
+            // A callee already being looked at adds nothing new.
+            let Some(v) = self.stacked_value(h, seen) else {
+                if seen.contains(&h) {
+                    continue;
+                }
+                return None;
+            };
+            if value.as_ref().is_some_and(|w| *w != v) {
+                return None;
+            }
+            value = Some(v);
+        }
+        value
+    }
+
     pub(super) fn shape(&self, n: NodeId) -> Option<Shape> {
         if self.stacks.nodes.contains(&n) {
             return Some(Shape::Stack);
@@ -223,13 +272,20 @@ impl Cx<'_> {
                 return items.map(Shape::Tuple);
             }
             if self.passes_stack(n) {
-                let AbsVal::Tuple(items) = self.types.value_of(n)? else {
-                    return None;
+                let head = self.m.inputs(n)[0];
+                let callees = match self.graph_const(head) {
+                    Some(h) => vec![h],
+                    None => self.choice(head).map(|(_, a, b)| vec![a, b])?,
                 };
-                let [v, _] = &items[..] else {
-                    return None;
-                };
-                return Some(Shape::Tuple(vec![Shape::of(v)?, Shape::Stack]));
+                let mut value = None;
+                for h in callees {
+                    let v = self.stacked_value(h, &mut HashSet::new())?;
+                    if value.as_ref().is_some_and(|w| *w != v) {
+                        return None;
+                    }
+                    value = Some(v);
+                }
+                return Some(Shape::Tuple(vec![value?, Shape::Stack]));
             }
         }
         match self.m.as_const(n) {
@@ -252,12 +308,6 @@ impl Cx<'_> {
             Some(Const::Graph(h)) => Some(*h),
             _ => None,
         }
-    }
-
-    /// The graphs `switch(c, @a, @b)` node `n` chooses from (none if it
-    /// is not one).
-    pub(super) fn choice_graphs(&self, n: NodeId) -> Vec<GraphId> {
-        self.choice(n).map(|(_, a, b)| vec![a, b]).unwrap_or_default()
     }
 
     /// `switch(c, @a, @b)`: the two graphs.
@@ -367,6 +417,12 @@ impl Cx<'_> {
             Prim::Cast => {
                 result.scalar()?;
                 self.weak_dtype(ins[0])?;
+            }
+            // A marked free variable of a reversed loop: the key's
+            // parameter.
+            Prim::AdKey if !self.stacks.param.is_empty() => {
+                result.scalar()?;
+                self.const_index(ins[1])?;
             }
             Prim::Where => {
                 let (r, _) = result.scalar()?;
@@ -644,11 +700,13 @@ pub(super) fn scalar_groups(
     if std::env::var_os("ADJOINT_NO_SCALAR_JIT").is_some() {
         return;
     }
+    let stacks = Stacks::default();
     let cx = Cx {
         m,
         types,
         fv,
-        stacks: Stacks::default(),
+        stacks: &stacks,
+        keys: Vec::new(),
     };
     let ok = compilable(&cx, graphs);
     let trace = std::env::var_os("ADJOINT_SCALAR_TRACE").is_some();
@@ -795,7 +853,11 @@ pub(super) fn program_of(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Opt
         .collect();
     let mut funcs = Vec::new();
     for &g in order {
-        funcs.push(FuncBuilder::new(cx, g, &index, exit)?.build()?);
+        let f = FuncBuilder::new(cx, g, &index, exit).and_then(FuncBuilder::build);
+        if f.is_none() && std::env::var_os("ADJOINT_SCALAR_TRACE").is_some() {
+            eprintln!("scalar: @{} has no scalar function", cx.m.graph(g).name);
+        }
+        funcs.push(f?);
     }
     if let Some(e) = exit {
         // Returns the exit call's arguments.
@@ -848,6 +910,8 @@ struct FuncBuilder<'a, 'c> {
     body: Vec<SInst>,
     next: u32,
     vals: HashMap<NodeId, Vec<SVal>>,
+    /// The parameters of the region's keys ([`Cx::keys`]).
+    keys: HashMap<i64, SVal>,
 }
 
 impl<'a, 'c> FuncBuilder<'a, 'c> {
@@ -866,6 +930,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             body: Vec::new(),
             next: 0,
             vals: HashMap::new(),
+            keys: HashMap::new(),
         };
         let graph = cx.m.graph(g);
         for &p in graph.params.iter().chain(cx.fv.get(g)) {
@@ -876,6 +941,11 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             let (t, _) = cx.shape(p)?.scalar()?;
             b.params.push(t);
             b.vals.insert(p, vec![SVal(b.next)]);
+            b.next += 1;
+        }
+        for &(k, t) in &cx.keys {
+            b.params.push(t);
+            b.keys.insert(k, SVal(b.next));
             b.next += 1;
         }
         Some(b)
@@ -967,6 +1037,9 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         }
         for &u in self.cx.fv.get(h) {
             vs.extend(self.vals.get(&u)?.iter().copied());
+        }
+        for (k, _) in &self.cx.keys {
+            vs.push(self.keys[k]);
         }
         Some(SCall {
             func: FuncIdx(*self.index.get(&h)?),
@@ -1060,6 +1133,10 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     let a = self.operand(ins[2], t)?;
                     let b = self.operand(ins[3], t)?;
                     self.push(SOp::Select(c, a, b), vec![t])
+                }
+                Prim::AdKey => {
+                    let k = cx.const_index(ins[2])? as i64;
+                    vec![*self.keys.get(&k)?]
                 }
                 Prim::Cast => {
                     let (t, _) = shape.scalar()?;

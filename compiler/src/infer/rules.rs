@@ -445,6 +445,7 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             args[0].clone()
         }),
         Prim::AdDyn | Prim::AdHide => Ok(AbsVal::Unknown),
+        Prim::AdKey => Ok(args[0].clone()),
         Prim::TreeFill => {
             let d = tensor(op, &args[1])?;
             if shape::size(&d.shape) != 1 {

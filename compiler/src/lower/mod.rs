@@ -245,6 +245,7 @@ fn user_prim(name: &str) -> Option<Prim> {
         | Prim::AdLift
         | Prim::AdDyn
         | Prim::AdHide
+        | Prim::AdKey
         | Prim::GradSeed
         | Prim::ProgressStart
         | Prim::ProgressStep

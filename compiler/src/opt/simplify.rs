@@ -229,7 +229,8 @@ impl Rewriter<'_> {
                 | Prim::TreeGAdd
                 | Prim::AdLift
                 | Prim::AdDyn
-                | Prim::AdHide => return false,
+                | Prim::AdHide
+                | Prim::AdKey => return false,
                 Prim::GAdd => {
                     let (a, b) = (self.resolve(ins[1]), self.resolve(ins[2]));
                     return self.never_zero(a) || self.never_zero(b);

@@ -106,6 +106,16 @@ impl Rewriter<'_> {
                     _ => None,
                 }
             }
+            // Only floats have cotangents: a key on anything else marks
+            // nothing (and would hide a constant from folding).
+            Prim::AdKey if inputs.len() == 3 => {
+                let x = self.resolve(inputs[1]);
+                match (self.m.as_const(x), types.value_of(x)) {
+                    (Some(Const::Int(_) | Const::Bool(_)), _) => Some(x),
+                    (_, Some(AbsVal::Tensor(t))) if !t.dtype.is_float() => Some(x),
+                    _ => None,
+                }
+            }
             _ => None,
         };
         if let Some(by) = by {

@@ -698,6 +698,12 @@ pub fn ad_hide(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     Ok(args[0].clone())
 }
 
+/// `ad_key(x, key)`: `x` (the compiler marks a free variable's uses).
+pub fn ad_key(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    arity("ad_key", args, 2)?;
+    Ok(args[0].clone())
+}
+
 /// Whether a closure occurs in `v` (tuples and records are searched).
 pub fn contains_function(v: &Value) -> bool {
     match v {

@@ -216,6 +216,7 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("ad_lift", ad::ad_lift),
     ("ad_dyn", ad::ad_dyn),
     ("ad_hide", ad::ad_hide),
+    ("ad_key", ad::ad_key),
     ("grad_seed", create::grad_seed),
     // structure
     ("make_tuple", structural::make_tuple),
