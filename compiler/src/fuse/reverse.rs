@@ -49,6 +49,24 @@ fn find_stacks(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> Stacks {
             st.nodes.insert(p);
         }
     }
+    // `J` graphs that return `(value, @B)`: the `if`s a loop's body calls.
+    for &g in graphs {
+        let graph = m.graph(g);
+        if !graph.name.starts_with("J.") || st.param.contains_key(&g) {
+            continue;
+        }
+        let Some(out) = graph.output else { continue };
+        let ins = m.inputs(out);
+        if m.applied_prim(out) != Some(Prim::MakeTuple) || ins.len() != 3 {
+            continue;
+        }
+        if let Some(Const::Graph(b)) = m.as_const(ins[2]) {
+            if m.graph(*b).name.starts_with("B.") {
+                st.nodes.insert(ins[2]);
+                st.closures.insert(g);
+            }
+        }
+    }
     for &g in st.param.keys().copied().collect::<Vec<_>>().iter() {
         for n in graph_body_with(m, g, fv) {
             let ins = m.inputs(n);
@@ -99,8 +117,12 @@ fn check_stacks(
 ) {
     let mut bad: HashSet<GraphId> = HashSet::new();
     for &s in &stacks.nodes {
-        let Some(g) = m.node(s).graph else { continue };
         for u in uses.get(&s).map(Vec::as_slice).unwrap_or(&[]) {
+            // The graph the use is in (a backpropagator constant has none
+            // of its own).
+            let Some(g) = m.node(s).graph.or_else(|| u.and_then(|(n, _)| m.node(n).graph)) else {
+                continue;
+            };
             let ok = match u {
                 None => false,
                 Some((n, k)) => {
@@ -129,6 +151,11 @@ fn check_stacks(
     for g in bad {
         if let Some(p) = stacks.param.remove(&g) {
             stacks.nodes.remove(&p);
+        }
+        if stacks.closures.remove(&g) {
+            if let Some(out) = m.graph(g).output {
+                stacks.nodes.remove(&m.inputs(out)[2]);
+            }
         }
     }
 }

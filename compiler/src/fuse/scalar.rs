@@ -175,7 +175,11 @@ pub(super) struct Cx<'a> {
 #[derive(Default)]
 pub(super) struct Stacks {
     pub(super) param: HashMap<GraphId, NodeId>,
+    /// Also the backpropagators that `J` graphs called from a loop (the
+    /// `if`s in its body) return beside their value.
     pub(super) nodes: HashSet<NodeId>,
+    /// Those `J` graphs.
+    pub(super) closures: HashSet<GraphId>,
 }
 
 impl Cx<'_> {
@@ -185,7 +189,7 @@ impl Cx<'_> {
     /// the region's own reverse replaces).
     pub(super) fn body(&self, g: GraphId) -> Vec<NodeId> {
         let body = graph_body_with(self.m, g, self.fv);
-        if !self.stacks.param.contains_key(&g) {
+        if !self.erased(g) {
             return body;
         }
         let Some(out) = self.m.graph(g).output else {
@@ -194,13 +198,15 @@ impl Cx<'_> {
         let mut live: HashSet<NodeId> = HashSet::new();
         let mut todo = vec![out];
         while let Some(n) = todo.pop() {
+            if self.stacks.nodes.contains(&n) {
+                continue;
+            }
             // A graph it calls or chooses needs its free variables.
             if let Some(h) = self.graph_const(n) {
                 todo.extend(self.fv.get(h).iter().copied());
                 continue;
             }
-            if self.stacks.nodes.contains(&n) || self.m.node(n).graph != Some(g) || !live.insert(n)
-            {
+            if self.m.node(n).graph != Some(g) || !live.insert(n) {
                 continue;
             }
             todo.extend(self.m.inputs(n).iter().copied());
@@ -208,14 +214,28 @@ impl Cx<'_> {
         body.into_iter().filter(|n| live.contains(n)).collect()
     }
 
-    /// Whether node `n` is a call whose last argument is a stack (a tail
-    /// call between `J'` graphs, or the call that starts a loop's stack).
+    /// Whether `g` returns its value beside a stack or a backpropagator.
+    fn erased(&self, g: GraphId) -> bool {
+        self.stacks.param.contains_key(&g) || self.stacks.closures.contains(&g)
+    }
+
+    /// Whether node `n` is a call that returns `(value, stack)` (its last
+    /// argument is a stack: a tail call between `J'` graphs, or the call
+    /// that starts a loop's stack) or `(value, backpropagator)` (a call of
+    /// `J` graphs in [`Stacks::closures`]).
     fn passes_stack(&self, n: NodeId) -> bool {
         let ins = self.m.inputs(n);
-        ins.len() >= 2
-            && !self.stacks.param.is_empty()
-            && self.m.applied_prim(n).is_none()
-            && self.stacks.nodes.contains(ins.last().expect("checked"))
+        if self.stacks.param.is_empty() || ins.is_empty() || self.m.applied_prim(n).is_some() {
+            return false;
+        }
+        if ins.len() >= 2 && self.stacks.nodes.contains(ins.last().expect("checked")) {
+            return true;
+        }
+        let callees = match self.graph_const(ins[0]) {
+            Some(h) => vec![h],
+            None => self.choice(ins[0]).map(|(_, a, b)| vec![a, b]).unwrap_or_default(),
+        };
+        !callees.is_empty() && callees.iter().all(|h| self.stacks.closures.contains(h))
     }
 
     /// The shape of the value `J'` graph `g` returns beside its stack: a
@@ -223,7 +243,7 @@ impl Cx<'_> {
     /// return (graphs in `seen` are being looked at: their results join
     /// the others').
     fn stacked_value(&self, g: GraphId, seen: &mut HashSet<GraphId>) -> Option<Shape> {
-        if !self.stacks.param.contains_key(&g) || !seen.insert(g) {
+        if !self.erased(g) || !seen.insert(g) {
             return None;
         }
         let out = self.m.graph(g).output?;
@@ -351,7 +371,12 @@ impl Cx<'_> {
             // Graph constants and choices may only be called (or chosen).
             for (k, &i) in ins.iter().enumerate() {
                 let chosen = choices.contains(&n) && k >= 2;
-                if (self.graph_const(i).is_some() || choices.contains(&i)) && k != 0 && !chosen {
+                let erased = self.stacks.nodes.contains(&i);
+                if (self.graph_const(i).is_some() || choices.contains(&i))
+                    && k != 0
+                    && !chosen
+                    && !erased
+                {
                     return None;
                 }
             }
