@@ -510,27 +510,40 @@ fn scalar_loop_gradients_run_natively_from_a_tape() {
     // Every gradient's loop: one kernel records, one reverses.
     for f in ["iterate", "decay", "until", "small"] {
         assert!(
-            kernels.contains(&format!("scalar loop @J.{f}")) && kernels.contains("recording its tape"),
+            kernels.contains(&format!("scalar loop @J.{f}"))
+                && kernels.contains("recording its tape"),
             "{f}: {kernels}"
         );
     }
-    assert_eq!(kernels.matches("reverse of scalar loop").count(), 4, "{kernels}");
+    assert_eq!(
+        kernels.matches("reverse of scalar loop").count(),
+        4,
+        "{kernels}"
+    );
     // Closures are gone from the loops' gradients: nothing unwinds.
     let graph = run(Mode::Graph, REVERSED_LOOPS);
     let eager = run(Mode::Eager, REVERSED_LOOPS);
     let nums = |out: &str| -> Vec<f64> {
-        out.split_whitespace().map(|w| w.parse::<f64>().unwrap()).collect()
+        out.split_whitespace()
+            .map(|w| w.parse::<f64>().unwrap())
+            .collect()
     };
     let (g, e) = (nums(&graph), nums(&eager));
     assert_eq!(g.len(), 9, "{graph}");
     // Graph mode agrees with eager mode's closures...
     for (a, b) in g.iter().zip(&e) {
-        assert!((a - b).abs() <= 1e-10 * b.abs().max(1e-300), "{graph}\nvs\n{eager}");
+        assert!(
+            (a - b).abs() <= 1e-10 * b.abs().max(1e-300),
+            "{graph}\nvs\n{eager}"
+        );
     }
     // ... and with finite differences.
     let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * b.abs().max(1.0);
     assert!(close(g[0], g[1], 1e-5), "{graph}");
-    assert!(close(g[2], g[4], 1e-5) && close(g[3], g[5], 1e-5), "{graph}");
+    assert!(
+        close(g[2], g[4], 1e-5) && close(g[3], g[5], 1e-5),
+        "{graph}"
+    );
     assert!(close(g[6], g[7], 1e-5), "{graph}");
     assert!(g[8].is_finite() && g[8] != 0.0, "{graph}");
 }

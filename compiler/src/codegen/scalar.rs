@@ -587,7 +587,8 @@ impl ScalarProgram {
                 continue;
             }
             let mut map: Vec<SVal> = c.args.clone();
-            let mut next = (f.params.len() + f.body.iter().map(|i| i.results.len()).sum::<usize>()) as u32;
+            let mut next =
+                (f.params.len() + f.body.iter().map(|i| i.results.len()).sum::<usize>()) as u32;
             for inst in &callee.body {
                 let mut op = inst.op.clone();
                 op.rename(&|v| map[v.0 as usize]);
@@ -773,9 +774,7 @@ impl ScalarProgram {
                             v(b)
                         }]
                     }
-                    SOp::Call(c) => {
-                        self.run(c.func, c.args.iter().map(v).collect(), tape, fuel)?
-                    }
+                    SOp::Call(c) => self.run(c.func, c.args.iter().map(v).collect(), tape, fuel)?,
                     SOp::CallIf(c, a, b) => {
                         let pick = if v(c) == Scalar::Bool(true) { a } else { b };
                         self.run(pick.func, pick.args.iter().map(v).collect(), tape, fuel)?

@@ -117,7 +117,9 @@ impl Fb {
     }
 
     fn push(&mut self, op: SOp, results: Vec<SType>) -> Vec<SVal> {
-        let vs = (0..results.len() as u32).map(|k| SVal(self.next + k)).collect();
+        let vs = (0..results.len() as u32)
+            .map(|k| SVal(self.next + k))
+            .collect();
         self.next += results.len() as u32;
         self.tys.extend_from_slice(&results);
         self.body.push(SInst { op, results });
@@ -228,7 +230,11 @@ pub fn reverse(p: &ScalarProgram) -> Result<Reversed, String> {
                 None => {}
             }
             ce[k] = Some(want.clone());
-            stack.extend(tail_callees(&p.funcs[k].term).into_iter().map(|c| c as usize));
+            stack.extend(
+                tail_callees(&p.funcs[k].term)
+                    .into_iter()
+                    .map(|c| c as usize),
+            );
         }
     }
     let mut preds = vec![Vec::new(); n];
@@ -601,7 +607,10 @@ impl Rev<'_> {
         // The cotangents received, onto the values the activation passed on.
         let d: Vec<SVal> = (0..dtys.len() as u32).map(SVal).collect();
         let seed_args = |args: &[SVal]| -> Vec<SVal> {
-            args.iter().copied().filter(|a| tys[a.0 as usize].is_float()).collect()
+            args.iter()
+                .copied()
+                .filter(|a| tys[a.0 as usize].is_float())
+                .collect()
         };
         match (&f.term, exit) {
             (STerm::Return(vs), Exit::Return) => {
@@ -801,7 +810,10 @@ impl Rev<'_> {
                     let (da, db) = match op {
                         Add => (Some(dr), Some(dr)),
                         Sub => (Some(dr), Some(un(&mut fb, SUnary::Neg, dr))),
-                        Mul => (Some(bin(&mut fb, Mul, dr, bv)), Some(bin(&mut fb, Mul, dr, av))),
+                        Mul => (
+                            Some(bin(&mut fb, Mul, dr, bv)),
+                            Some(bin(&mut fb, Mul, dr, av)),
+                        ),
                         Div => {
                             let da = bin(&mut fb, Div, dr, bv);
                             let dy = bin(&mut fb, Mul, dr, y);
@@ -902,7 +914,10 @@ fn dce(f: &mut SFunc) {
     f.term.each_val(&mut |v| live[v.0 as usize] = true);
     let mut keep = vec![false; f.body.len()];
     for (i, inst) in f.body.iter().enumerate().rev() {
-        let effect = matches!(inst.op, SOp::Call(_) | SOp::CallIf(..) | SOp::Push(_) | SOp::Pop);
+        let effect = matches!(
+            inst.op,
+            SOp::Call(_) | SOp::CallIf(..) | SOp::Push(_) | SOp::Pop
+        );
         let r0 = starts[i] as usize;
         if effect || (r0..r0 + inst.results.len()).any(|v| live[v]) {
             keep[i] = true;
@@ -942,7 +957,10 @@ fn dce(f: &mut SFunc) {
 /// reads; `fwd` is the recording function, whose last instruction pushes
 /// the record and the tag.
 fn prune_record(fwd: &mut SFunc, bwd: &mut ScalarProgram, revs: &[usize]) {
-    let Some(SInst { op: SOp::Push(rec), .. }) = fwd.body.last() else {
+    let Some(SInst {
+        op: SOp::Push(rec), ..
+    }) = fwd.body.last()
+    else {
         return;
     };
     let width = rec.len() - 1;
@@ -1005,7 +1023,10 @@ fn prune_record(fwd: &mut SFunc, bwd: &mut ScalarProgram, revs: &[usize]) {
         }
         f.term.rename(&rename);
     }
-    if let Some(SInst { op: SOp::Push(rec), .. }) = fwd.body.last_mut() {
+    if let Some(SInst {
+        op: SOp::Push(rec), ..
+    }) = fwd.body.last_mut()
+    {
         let tag = rec[width];
         let mut kept_vals: Vec<SVal> = rec[..width]
             .iter()
@@ -1047,7 +1068,10 @@ mod tests {
     /// included) and the tape ends empty.
     fn run_both(p: &ScalarProgram, args: &[Scalar], seed: &[Scalar]) -> (Vec<Scalar>, Vec<Scalar>) {
         let r = reverse(p).unwrap();
-        let (fw, bw) = (compile_scalar(&r.forward).unwrap(), compile_scalar(&r.backward).unwrap());
+        let (fw, bw) = (
+            compile_scalar(&r.forward).unwrap(),
+            compile_scalar(&r.backward).unwrap(),
+        );
         let mut tape = Vec::new();
         let y = fw.call_with_tape(args, &mut tape).unwrap();
         let mut itape = Vec::new();
@@ -1055,9 +1079,15 @@ mod tests {
         assert!(same(&y, &iy), "forward: native {y:?}, interpreted {iy:?}");
         assert_eq!(tape, itape, "tapes");
         let d = bw.call_with_tape(seed, &mut tape).unwrap();
-        let id = r.backward.eval_with_tape(seed, &mut itape, 1 << 24).unwrap();
+        let id = r
+            .backward
+            .eval_with_tape(seed, &mut itape, 1 << 24)
+            .unwrap();
         assert!(same(&d, &id), "backward: native {d:?}, interpreted {id:?}");
-        assert!(tape.is_empty() && itape.is_empty(), "the backward pass pops the whole tape");
+        assert!(
+            tape.is_empty() && itape.is_empty(),
+            "the backward pass pops the whole tape"
+        );
         (y, d)
     }
 
@@ -1085,17 +1115,26 @@ mod tests {
             }
             assert_eq!(y[0], Scalar::F64(x));
             let got = f64s(&d)[0];
-            assert!((got - g).abs() <= 1e-12 * g.abs().max(1.0), "n = {n}: {got} vs {g}");
+            assert!(
+                (got - g).abs() <= 1e-12 * g.abs().max(1.0),
+                "n = {n}: {got} vs {g}"
+            );
         }
     }
 
     #[test]
     fn a_million_iterations_reverse_in_constant_stack() {
         let r = reverse(&iterate()).unwrap();
-        let (fw, bw) = (compile_scalar(&r.forward).unwrap(), compile_scalar(&r.backward).unwrap());
+        let (fw, bw) = (
+            compile_scalar(&r.forward).unwrap(),
+            compile_scalar(&r.backward).unwrap(),
+        );
         let mut tape = Vec::new();
-        fw.call_with_tape(&[Scalar::I64(0), Scalar::F64(0.3), Scalar::I64(1_000_000)], &mut tape)
-            .unwrap();
+        fw.call_with_tape(
+            &[Scalar::I64(0), Scalar::F64(0.3), Scalar::I64(1_000_000)],
+            &mut tape,
+        )
+        .unwrap();
         // Per iteration: the header's record (3 values and a tag) and the
         // body's (3 values, sin and a tag).
         assert!(tape.len() <= 9 * 1_000_000 + 16, "{} slots", tape.len());
@@ -1123,8 +1162,8 @@ mod tests {
             params: vec![I64, F64, F64],
             results: vec![F64],
             body: vec![
-                inst(SOp::Const(Scalar::I64(3)), I64),                    // 3
-                inst(SOp::Binary(SBinary::Lt, SVal(0), SVal(3)), Bool),   // 4
+                inst(SOp::Const(Scalar::I64(3)), I64),                  // 3
+                inst(SOp::Binary(SBinary::Lt, SVal(0), SVal(3)), Bool), // 4
             ],
             term: STerm::TailCallIf(SVal(4), call(1, &[0, 1, 2]), call(4, &[0, 1, 2])),
         };
@@ -1138,14 +1177,14 @@ mod tests {
                     op: SOp::Call(call(2, &[3, 1, 2])),
                     results: vec![F64],
                 }, // 4
-                inst(SOp::Const(Scalar::F64(0.0)), F64),                 // 5
-                inst(SOp::Binary(SBinary::Gt, SVal(4), SVal(5)), Bool),  // 6
+                inst(SOp::Const(Scalar::F64(0.0)), F64), // 5
+                inst(SOp::Binary(SBinary::Gt, SVal(4), SVal(5)), Bool), // 6
                 SInst {
                     op: SOp::CallIf(SVal(6), call(5, &[4, 2]), call(6, &[4, 2])),
                     results: vec![F64],
                 }, // 7
-                inst(SOp::Const(Scalar::I64(1)), I64),                   // 8
-                inst(SOp::Binary(SBinary::Add, SVal(0), SVal(8)), I64),  // 9
+                inst(SOp::Const(Scalar::I64(1)), I64), // 8
+                inst(SOp::Binary(SBinary::Add, SVal(0), SVal(8)), I64), // 9
             ],
             term: STerm::TailCall(call(0, &[9, 7, 2])),
         };
@@ -1155,13 +1194,13 @@ mod tests {
             params: vec![I64, F64, F64],
             results: vec![F64],
             body: vec![
-                inst(SOp::Const(Scalar::I64(4)), I64),                   // 3
-                inst(SOp::Binary(SBinary::Lt, SVal(0), SVal(3)), Bool),  // 4
-                inst(SOp::Binary(SBinary::Mul, SVal(1), SVal(2)), F64),  // 5
-                inst(SOp::Const(Scalar::F64(0.1)), F64),                 // 6
-                inst(SOp::Binary(SBinary::Add, SVal(5), SVal(6)), F64),  // 7
-                inst(SOp::Const(Scalar::I64(1)), I64),                   // 8
-                inst(SOp::Binary(SBinary::Add, SVal(0), SVal(8)), I64),  // 9
+                inst(SOp::Const(Scalar::I64(4)), I64),                  // 3
+                inst(SOp::Binary(SBinary::Lt, SVal(0), SVal(3)), Bool), // 4
+                inst(SOp::Binary(SBinary::Mul, SVal(1), SVal(2)), F64), // 5
+                inst(SOp::Const(Scalar::F64(0.1)), F64),                // 6
+                inst(SOp::Binary(SBinary::Add, SVal(5), SVal(6)), F64), // 7
+                inst(SOp::Const(Scalar::I64(1)), I64),                  // 8
+                inst(SOp::Binary(SBinary::Add, SVal(0), SVal(8)), I64), // 9
             ],
             term: STerm::TailCallIf(SVal(4), call(2, &[9, 7, 2]), call(3, &[1])),
         };
@@ -1210,7 +1249,10 @@ mod tests {
         let p = nested();
         p.validate().unwrap();
         let f = |x: f64, w: f64| {
-            f64s(&p.eval(&[Scalar::I64(0), Scalar::F64(x), Scalar::F64(w)], 1 << 20).unwrap())[0]
+            f64s(
+                &p.eval(&[Scalar::I64(0), Scalar::F64(x), Scalar::F64(w)], 1 << 20)
+                    .unwrap(),
+            )[0]
         };
         for (x, w) in [(0.7, 0.9), (-0.4, 1.1), (2.0, -0.3)] {
             let (y, d) = run_both(

@@ -25,9 +25,7 @@ use adjoint_runtime::tensor::Tensor;
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::NativeKernel;
 
-use super::scalar::{
-    compilable, program_of, region, scalar_args, Cx, Shape, Stacks,
-};
+use super::scalar::{compilable, program_of, region, scalar_args, Cx, Shape, Stacks};
 use super::{form, Group, Plan};
 use crate::codegen::cpu::scalar::{compile_scalar_cached, CompiledScalar};
 use crate::codegen::scalar::{SType, Scalar};
@@ -89,7 +87,11 @@ fn find_stacks(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> Stacks {
 
 /// Every use of every node of `graphs`: (user, input position); a graph's
 /// output and the free variables of graphs count as uses by `None`.
-fn uses(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> HashMap<NodeId, Vec<Option<(NodeId, usize)>>> {
+fn uses(
+    m: &Module,
+    graphs: &[GraphId],
+    fv: &FreeVars,
+) -> HashMap<NodeId, Vec<Option<(NodeId, usize)>>> {
     let mut out: HashMap<NodeId, Vec<Option<(NodeId, usize)>>> = HashMap::new();
     for &g in graphs {
         for n in graph_body_with(m, g, fv) {
@@ -120,7 +122,11 @@ fn check_stacks(
         for u in uses.get(&s).map(Vec::as_slice).unwrap_or(&[]) {
             // The graph the use is in (a backpropagator constant has none
             // of its own).
-            let Some(g) = m.node(s).graph.or_else(|| u.and_then(|(n, _)| m.node(n).graph)) else {
+            let Some(g) = m
+                .node(s)
+                .graph
+                .or_else(|| u.and_then(|(n, _)| m.node(n).graph))
+            else {
                 continue;
             };
             let ok = match u {
@@ -257,7 +263,10 @@ pub(super) fn reverse_groups(
             // The seed must be the cotangent of the value.
             if cx.shape(seed).map(|s| s.flat()) != Some(b.value.flat()) {
                 if trace {
-                    eprintln!("scalar: reverse @{}: the seed's type differs", m.graph(g).name);
+                    eprintln!(
+                        "scalar: reverse @{}: the seed's type differs",
+                        m.graph(g).name
+                    );
                 }
                 continue;
             }
@@ -346,7 +355,8 @@ fn stack_use(
     let Some(Const::Graph(uw)) = m.as_const(ins[0]) else {
         return None;
     };
-    (ins.len() == 3 && is_unwind(m, *uw) && m.node(unwind).graph == m.node(n).graph).then_some(())?;
+    (ins.len() == 3 && is_unwind(m, *uw) && m.node(unwind).graph == m.node(n).graph)
+        .then_some(())?;
     for (u, k) in users(unwind)? {
         (k == 1 && get_index(u)? >= 0).then_some(())?;
     }
@@ -424,7 +434,11 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
     let marked: HashSet<NodeId> = marks.values().map(|(x, _)| *x).collect();
     let mut fv_floats = 0;
     for &u in fv.get(g) {
-        if cx.shape(u).and_then(|s| s.scalar()).is_some_and(|(t, _)| t.is_float()) {
+        if cx
+            .shape(u)
+            .and_then(|s| s.scalar())
+            .is_some_and(|(t, _)| t.is_float())
+        {
             if !marked.contains(&u) {
                 return Err("a float free variable without a key".into());
             }
@@ -491,7 +505,10 @@ impl NativeKernel for Forward {
             .map_err(RtError::new)?;
         let value = b.value.value(&mut out.into_iter())?;
         let n = tape.len();
-        let tape = Tensor::from_vec(tape.into_iter().map(|x| x as i64).collect::<Vec<i64>>(), &[n])?;
+        let tape = Tensor::from_vec(
+            tape.into_iter().map(|x| x as i64).collect::<Vec<i64>>(),
+            &[n],
+        )?;
         Ok(Value::tuple(vec![value, Value::Tensor(tape)]))
     }
 }
@@ -514,11 +531,13 @@ impl NativeKernel for Backward {
         };
         let tape: &[i64] = t.as_i64().ok_or_else(bad_tape)?;
         // SAFETY: i64 and u64 have one size and alignment.
-        let tape: &[u64] = unsafe { std::slice::from_raw_parts(tape.as_ptr() as *const u64, tape.len()) };
+        let tape: &[u64] =
+            unsafe { std::slice::from_raw_parts(tape.as_ptr() as *const u64, tape.len()) };
         // The seed's float scalars, depth first.
         let mut seed = Vec::new();
-        flatten_floats(&args[1], &b.value, &mut seed)
-            .ok_or_else(|| RtError::internal(format!("{}: the seed is not the value's cotangent", b.name)))?;
+        flatten_floats(&args[1], &b.value, &mut seed).ok_or_else(|| {
+            RtError::internal(format!("{}: the seed is not the value's cotangent", b.name))
+        })?;
         let d = b.backward.call_popping(&seed, tape).map_err(RtError::new)?;
         let mut d = d.into_iter();
         let few = || RtError::internal("too few cotangents");
@@ -536,7 +555,10 @@ impl NativeKernel for Backward {
         for (k, t) in &b.keys {
             if t.is_float() {
                 let s = d.next().ok_or_else(few)?;
-                env.push((*k as u64, Shape::Scalar(*t, false).value(&mut std::iter::once(s))?));
+                env.push((
+                    *k as u64,
+                    Shape::Scalar(*t, false).value(&mut std::iter::once(s))?,
+                ));
             }
         }
         if !env.is_empty() {

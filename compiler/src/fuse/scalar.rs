@@ -233,7 +233,10 @@ impl Cx<'_> {
         }
         let callees = match self.graph_const(ins[0]) {
             Some(h) => vec![h],
-            None => self.choice(ins[0]).map(|(_, a, b)| vec![a, b]).unwrap_or_default(),
+            None => self
+                .choice(ins[0])
+                .map(|(_, a, b)| vec![a, b])
+                .unwrap_or_default(),
         };
         !callees.is_empty() && callees.iter().all(|h| self.stacks.closures.contains(h))
     }
@@ -252,7 +255,12 @@ impl Cx<'_> {
             let [_, v, s] = ins else {
                 return None;
             };
-            return self.stacks.nodes.contains(s).then(|| self.shape(*v)).flatten();
+            return self
+                .stacks
+                .nodes
+                .contains(s)
+                .then(|| self.shape(*v))
+                .flatten();
         }
         if !self.passes_stack(out) {
             return None;
@@ -285,10 +293,16 @@ impl Cx<'_> {
         if !self.stacks.param.is_empty() {
             // `(value, stack)`: what `J'` graphs return.
             if self.m.applied_prim(n) == Some(Prim::MakeTuple)
-                && self.m.inputs(n).last().is_some_and(|l| self.stacks.nodes.contains(l))
+                && self
+                    .m
+                    .inputs(n)
+                    .last()
+                    .is_some_and(|l| self.stacks.nodes.contains(l))
             {
-                let items: Option<Vec<Shape>> =
-                    self.m.inputs(n)[1..].iter().map(|i| self.shape(*i)).collect();
+                let items: Option<Vec<Shape>> = self.m.inputs(n)[1..]
+                    .iter()
+                    .map(|i| self.shape(*i))
+                    .collect();
                 return items.map(Shape::Tuple);
             }
             if self.passes_stack(n) {

@@ -112,7 +112,11 @@ impl CompiledScalar {
 
     /// [`CompiledScalar::call`] for a program with tape operations: they
     /// push to and pop from `tape`.
-    pub fn call_with_tape(&self, args: &[Scalar], tape: &mut Vec<u64>) -> Result<Vec<Scalar>, String> {
+    pub fn call_with_tape(
+        &self,
+        args: &[Scalar],
+        tape: &mut Vec<u64>,
+    ) -> Result<Vec<Scalar>, String> {
         let mut v = std::mem::ManuallyDrop::new(std::mem::take(tape));
         let mut buf = TapeBuf {
             ptr: v.as_mut_ptr(),
@@ -423,9 +427,8 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
             b.ins().jump(header, &args);
             b.switch_to_block(header);
             let mut vals: Vec<Value> = b.block_params(header).to_vec();
-            let with_tape = |args: Vec<Value>| -> Vec<Value> {
-                tp.into_iter().chain(args).collect()
-            };
+            let with_tape =
+                |args: Vec<Value>| -> Vec<Value> { tp.into_iter().chain(args).collect() };
             // The interrupt check: return zeros when the flag is set.
             let stop = b.create_block();
             let go = b.create_block();
