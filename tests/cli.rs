@@ -175,6 +175,40 @@ fn a_type_error_is_located_with_its_source_line() {
     }
 }
 
+/// A reversed loop whose tape would pass the limit stops with an error at
+/// the loop (the limit lowered through the environment for the test).
+#[test]
+fn a_reversed_loop_beyond_the_tape_limit_is_an_error() {
+    let d = Dir::new("tape-limit");
+    d.write(
+        "long.adj",
+        "\
+fn iterate(x, n) {
+    let mut y = x;
+    for i in 0..n {
+        y = sin(y) * y + 0.5;
+    }
+    y
+}
+fn main() {
+    print(grad(iterate)(0.3, 100));
+    print(grad(iterate)(0.3, 100000));
+}
+",
+    );
+    let r = finish(
+        command(&d, &["run", "long.adj"])
+            .env("ADJOINT_MAX_TAPE_SLOTS", "10000")
+            .output()
+            .expect("run the adjoint binary"),
+    );
+    assert_fails(
+        &r,
+        "5.260621290029205e-20\n",
+        &["tape of this loop exceeds 10000 values", "long.adj:"],
+    );
+}
+
 #[test]
 fn a_run_time_error_names_the_path_and_the_source_line() {
     let d = Dir::new("run-error");

@@ -53,9 +53,21 @@ pub(crate) struct TapeBuf {
 
 const TAPE_UNDERFLOW: u64 = 1;
 const TAPE_FULL: u64 = 2;
-/// The most values a tape holds (16 GiB): beyond it a run stops with an
-/// error instead of exhausting memory.
-const MAX_TAPE_SLOTS: u64 = 1 << 31;
+/// The most values a tape holds by default (8 GiB): beyond it a run
+/// stops with an error instead of exhausting memory.
+const MAX_TAPE_SLOTS: u64 = 1 << 30;
+
+/// The tape limit: `ADJOINT_MAX_TAPE_SLOTS` if set (tests lower it),
+/// else [`MAX_TAPE_SLOTS`].
+fn max_tape_slots() -> u64 {
+    static MAX: OnceLock<u64> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("ADJOINT_MAX_TAPE_SLOTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MAX_TAPE_SLOTS)
+    })
+}
 
 /// Makes room for `n` more values; 0 (and the fault set) when the tape
 /// would exceed [`MAX_TAPE_SLOTS`] or memory is short.
@@ -66,7 +78,7 @@ extern "C" fn tape_grow(t: *mut TapeBuf, n: u64) -> u8 {
     let mut v = std::mem::ManuallyDrop::new(unsafe { Vec::from_raw_parts(t.ptr, t.len, t.cap) });
     let fits = (t.len as u64)
         .checked_add(n)
-        .is_some_and(|total| total <= MAX_TAPE_SLOTS);
+        .is_some_and(|total| total <= max_tape_slots());
     let ok = fits && v.try_reserve(n as usize).is_ok();
     t.ptr = v.as_mut_ptr();
     t.cap = v.capacity();
@@ -185,8 +197,9 @@ impl CompiledScalar {
             0 => {}
             TAPE_FULL => {
                 return Err(format!(
-                    "reverse mode's tape exceeds {} values (or memory ran out)",
-                    MAX_TAPE_SLOTS
+                    "reverse mode's tape of this loop exceeds {} values of 8 bytes \
+                     (or memory ran out)",
+                    max_tape_slots()
                 ))
             }
             _ => return Err("internal error: a scalar program popped an empty tape".into()),
