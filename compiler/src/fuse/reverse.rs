@@ -386,6 +386,10 @@ struct Built {
     /// The entry's float free variables (their cotangents, which the
     /// keys' stand for, are skipped).
     fv_floats: usize,
+    /// The length of the last tape recorded: the next one starts with
+    /// that capacity (a loop called again, in a training loop, usually
+    /// runs as long), so it is not copied as it grows.
+    last_len: std::sync::atomic::AtomicUsize,
 }
 
 fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Result<Built, String> {
@@ -475,6 +479,7 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
         keys,
         key_inputs,
         fv_floats,
+        last_len: std::sync::atomic::AtomicUsize::new(1024),
         slots: orig[..orig.len() - 1].iter().map(|i| i + 1).collect(),
         len: count,
         name: graph.name.clone(),
@@ -498,13 +503,16 @@ impl NativeKernel for Forward {
         let params = &b.forward.program().entry().params;
         super::check_arity(&b.name, params.len(), args.len())?;
         let scalars = scalar_args(&b.name, &args, params)?;
-        let mut tape = Vec::with_capacity(1024);
+        let hint = b.last_len.load(std::sync::atomic::Ordering::Relaxed);
+        let mut tape = Vec::with_capacity(hint);
         let out = b
             .forward
             .call_with_tape(&scalars, &mut tape)
             .map_err(RtError::new)?;
         let value = b.value.value(&mut out.into_iter())?;
         let n = tape.len();
+        b.last_len
+            .store(n.max(1024), std::sync::atomic::Ordering::Relaxed);
         let tape = Tensor::from_vec(
             tape.into_iter().map(|x| x as i64).collect::<Vec<i64>>(),
             &[n],
