@@ -178,6 +178,17 @@ fn choice_graphs(m: &Module, n: NodeId) -> Vec<GraphId> {
     }
 }
 
+/// Whether `args` (a stack's `()` last) have the scalar types of the
+/// parameters `params` (the stack last).
+fn arguments_match(cx: &Cx, args: &[NodeId], params: &[NodeId]) -> bool {
+    let ty = |n: NodeId| cx.shape(n).and_then(|s| s.scalar()).map(|(t, _)| t);
+    args.len() == params.len()
+        && args[..args.len() - 1]
+            .iter()
+            .zip(params)
+            .all(|(a, p)| ty(*a).is_some() && ty(*a) == ty(*p))
+}
+
 /// Whether `g` is reverse mode's `unwind` ([`crate::ad`] makes it, with
 /// no source location).
 fn is_unwind(m: &Module, g: GraphId) -> bool {
@@ -230,6 +241,7 @@ pub(super) fn reverse_groups(
                 || !cx.stacks.param.contains_key(&g)
                 || m.as_const(*ins.last().expect("a callee")) != Some(&Const::Unit)
                 || plan.member_of.contains_key(&n)
+                || !arguments_match(&cx, &ins[1..], &m.graph(g).params)
             {
                 continue;
             }
