@@ -509,9 +509,17 @@ fn scalar_loop_gradients_run_natively_from_a_tape() {
     let kernels = s.emit_kernels("main").unwrap();
     // Every gradient's loop: one kernel records, one reverses.
     for f in ["iterate", "decay", "until", "small"] {
+        let has = |head: &str, tail: &str| {
+            kernels
+                .lines()
+                .any(|l| l.contains(head) && l.contains(tail))
+        };
         assert!(
-            kernels.contains(&format!("scalar loop @J.{f}"))
-                && kernels.contains("recording its tape"),
+            has(&format!("scalar loop @J.{f}."), "recording its tape"),
+            "{f}: {kernels}"
+        );
+        assert!(
+            has(&format!("reverse of scalar loop @J.{f}."), "from its tape"),
             "{f}: {kernels}"
         );
     }
@@ -520,7 +528,6 @@ fn scalar_loop_gradients_run_natively_from_a_tape() {
         4,
         "{kernels}"
     );
-    // Closures are gone from the loops' gradients: nothing unwinds.
     let graph = run(Mode::Graph, REVERSED_LOOPS);
     let eager = run(Mode::Eager, REVERSED_LOOPS);
     let nums = |out: &str| -> Vec<f64> {

@@ -157,8 +157,9 @@ enum Exit {
 enum Key {
     /// The reverse of function `k` for activations that ended so.
     Rev(u32, Exit),
-    /// After the reverse of `k`: pops the next tag and goes to the
-    /// function that tail-called `k`, or returns at a mark.
+    /// The dispatch that ends each reverse of `k` (a list only, never a
+    /// function of its own): the next tag sends the cotangents to the
+    /// function that tail-called `k`, or a mark returns them.
     Pred(u32),
     /// At a call of `g`: pops the tag of the activation of `g`'s chain
     /// that returned and goes to its reverse.
@@ -299,22 +300,17 @@ pub fn reverse(p: &ScalarProgram) -> Result<Reversed, String> {
 /// `op` with its values renamed by `map` and its callees shifted by
 /// `shift`.
 fn remap(op: &SOp, map: &[SVal], shift: u32) -> SOp {
-    let v = |x: &SVal| map[x.0 as usize];
-    let call = |c: &SCall| SCall {
-        func: FuncIdx(c.func.0 + shift),
-        args: c.args.iter().map(v).collect(),
-    };
-    match op {
-        SOp::Const(c) => SOp::Const(*c),
-        SOp::Unary(u, x) => SOp::Unary(*u, v(x)),
-        SOp::Binary(b, x, y) => SOp::Binary(*b, v(x), v(y)),
-        SOp::Cast(x) => SOp::Cast(v(x)),
-        SOp::Select(c, a, b) => SOp::Select(v(c), v(a), v(b)),
-        SOp::Call(c) => SOp::Call(call(c)),
-        SOp::CallIf(c, a, b) => SOp::CallIf(v(c), call(a), call(b)),
-        SOp::Push(xs) => SOp::Push(xs.iter().map(v).collect()),
-        SOp::Pop => SOp::Pop,
+    let mut op = op.clone();
+    op.rename(&|v| map[v.0 as usize]);
+    match &mut op {
+        SOp::Call(c) => c.func.0 += shift,
+        SOp::CallIf(_, a, b) => {
+            a.func.0 += shift;
+            b.func.0 += shift;
+        }
+        _ => {}
     }
+    op
 }
 
 impl Rev<'_> {
@@ -353,16 +349,16 @@ impl Rev<'_> {
             let mut rec: Vec<SVal> = self.record[k].iter().map(|v| map[v.0 as usize]).collect();
             rec.push(fb.konst(Scalar::I64(k as i64)));
             fb.push(SOp::Push(rec), Vec::new());
-            let v = |x: &SVal| map[x.0 as usize];
-            let call = |c: &SCall| SCall {
-                func: FuncIdx(c.func.0 + 1),
-                args: c.args.iter().map(v).collect(),
-            };
-            let term = match &f.term {
-                STerm::Return(vs) => STerm::Return(vs.iter().map(v).collect()),
-                STerm::TailCall(c) => STerm::TailCall(call(c)),
-                STerm::TailCallIf(c, a, b) => STerm::TailCallIf(v(c), call(a), call(b)),
-            };
+            let mut term = f.term.clone();
+            term.rename(&|v| map[v.0 as usize]);
+            match &mut term {
+                STerm::Return(_) => {}
+                STerm::TailCall(c) => c.func.0 += 1,
+                STerm::TailCallIf(_, a, b) => {
+                    a.func.0 += 1;
+                    b.func.0 += 1;
+                }
+            }
             funcs.push(fb.finish(f.name.clone(), f.results.clone(), term));
         }
         ScalarProgram { funcs }
@@ -469,49 +465,21 @@ impl Rev<'_> {
                 let vs = (0..tys.len() as u32).map(SVal).collect();
                 Ok(fb.finish("return".into(), tys.clone(), STerm::Return(vs)))
             }
-            Key::Pred(_) | Key::Ret(_) => {
+            Key::Ret(_) => {
                 let (params, results) = self.list_types(key)?;
                 let mut fb = Fb::new(params.clone());
                 let cot: Vec<SVal> = (0..params.len() as u32).map(SVal).collect();
                 let term = self.dispatch(&mut fb, key, cot, &results)?;
                 Ok(fb.finish(self.dispatch_name(key), results, term))
             }
+            Key::Pred(_) => unreachable!("each reverse dispatches to its predecessors itself"),
             Key::Sel(list, i) => {
                 let (mut params, results) = self.list_types(list)?;
-                let cands = self.candidates(list);
                 let ncot = params.len() as u32;
                 params.push(SType::I64);
-                let mut fb = Fb::new(params.clone());
+                let mut fb = Fb::new(params);
                 let cot: Vec<SVal> = (0..ncot).map(SVal).collect();
-                let t = SVal(ncot);
-                let target = |this: &mut Self, tg: &Target| -> SCall {
-                    let func = match tg {
-                        Target::Mark => this.idx(Key::Id(results.clone())),
-                        Target::Func(k) => this.idx(k.clone()),
-                    };
-                    SCall {
-                        func,
-                        args: cot.clone(),
-                    }
-                };
-                let term = if *i + 1 == cands.len() {
-                    STerm::TailCall(target(self, &cands[*i].1))
-                } else {
-                    let tag = fb.konst(Scalar::I64(cands[*i].0));
-                    let hit = fb.one(SOp::Binary(SBinary::Eq, t, tag), SType::Bool);
-                    let yes = target(self, &cands[*i].1);
-                    let no = if *i + 2 == cands.len() {
-                        target(self, &cands[*i + 1].1)
-                    } else {
-                        let mut args = cot.clone();
-                        args.push(t);
-                        SCall {
-                            func: self.idx(Key::Sel(list.clone(), i + 1)),
-                            args,
-                        }
-                    };
-                    STerm::TailCallIf(hit, yes, no)
-                };
+                let term = self.test_tags(&mut fb, list, *i, cot, SVal(ncot), &results);
                 Ok(fb.finish(format!("{} #{i}", self.dispatch_name(list)), results, term))
             }
             Key::Rev(k, exit) => self.rev(*k, *exit),
@@ -519,8 +487,7 @@ impl Rev<'_> {
     }
 
     /// Pops a tag and ends by going where dispatch list `list` sends it
-    /// with the cotangents `cot`: the first two candidates are tested
-    /// here, more go through `Sel` functions.
+    /// with the cotangents `cot`.
     fn dispatch(
         &mut self,
         fb: &mut Fb,
@@ -528,42 +495,57 @@ impl Rev<'_> {
         cot: Vec<SVal>,
         results: &[SType],
     ) -> Result<STerm, String> {
-        let cands = self.candidates(list);
         let t = fb.push(SOp::Pop, vec![SType::I64])[0];
-        let target = |this: &mut Self, tg: &Target| -> SCall {
-            let func = match tg {
+        if self.candidates(list).is_empty() {
+            return Err(format!(
+                "{}: no activation can end here",
+                self.dispatch_name(list)
+            ));
+        }
+        Ok(self.test_tags(fb, list, 0, cot, t, results))
+    }
+
+    /// The end that sends tag `t` to candidate `from` or a later one of
+    /// dispatch list `list`: the last is not tested, two are tested here,
+    /// more go on through `Sel` functions (one test each).
+    fn test_tags(
+        &mut self,
+        fb: &mut Fb,
+        list: &Key,
+        from: usize,
+        cot: Vec<SVal>,
+        t: SVal,
+        results: &[SType],
+    ) -> STerm {
+        let cands = self.candidates(list);
+        let rest = &cands[from..];
+        if let [(_, Target::Mark)] = rest {
+            return STerm::Return(cot);
+        }
+        let target = |this: &mut Self, tg: &Target| SCall {
+            func: match tg {
                 Target::Mark => this.idx(Key::Id(results.to_vec())),
                 Target::Func(k) => this.idx(k.clone()),
-            };
+            },
+            args: cot.clone(),
+        };
+        if let [(_, only)] = rest {
+            return STerm::TailCall(target(self, only));
+        }
+        let tag = fb.konst(Scalar::I64(rest[0].0));
+        let hit = fb.one(SOp::Binary(SBinary::Eq, t, tag), SType::Bool);
+        let yes = target(self, &rest[0].1);
+        let no = if rest.len() == 2 {
+            target(self, &rest[1].1)
+        } else {
+            let mut args = cot.clone();
+            args.push(t);
             SCall {
-                func,
-                args: cot.clone(),
+                func: self.idx(Key::Sel(Box::new(list.clone()), from + 1)),
+                args,
             }
         };
-        Ok(match cands.as_slice() {
-            [] => {
-                return Err(format!(
-                    "{}: no activation can end here",
-                    self.dispatch_name(list)
-                ))
-            }
-            [(_, Target::Mark)] => STerm::Return(cot.clone()),
-            [(_, tg)] => STerm::TailCall(target(self, tg)),
-            [(tag, a), (_, b)] => {
-                let tagv = fb.konst(Scalar::I64(*tag));
-                let hit = fb.one(SOp::Binary(SBinary::Eq, t, tagv), SType::Bool);
-                let (ca, cb) = (target(self, a), target(self, b));
-                STerm::TailCallIf(hit, ca, cb)
-            }
-            _ => {
-                let mut args = cot.clone();
-                args.push(t);
-                STerm::TailCall(SCall {
-                    func: self.idx(Key::Sel(Box::new(list.clone()), 0)),
-                    args,
-                })
-            }
-        })
+        STerm::TailCallIf(hit, yes, no)
     }
 
     fn dispatch_name(&self, list: &Key) -> String {
@@ -1135,8 +1117,9 @@ mod tests {
             &mut tape,
         )
         .unwrap();
-        // Per iteration: the header's record (3 values and a tag) and the
-        // body's (3 values, sin and a tag).
+        // Per iteration at most the header's record (3 values and a tag)
+        // and the body's (3 values, sin and a tag), before the slots no
+        // reverse reads are dropped.
         assert!(tape.len() <= 9 * 1_000_000 + 16, "{} slots", tape.len());
         let d = bw.call_with_tape(&[Scalar::F64(1.0)], &mut tape).unwrap();
         assert!(tape.is_empty());

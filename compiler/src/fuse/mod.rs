@@ -363,7 +363,7 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
 
     let mut plan = Plan::default();
     if let Some(types) = types {
-        reverse::reverse_groups(m, &graphs, types, &fv, &mut plan);
+        reverse::reverse_groups(m, &graphs, types, &fv, &users, &escapes, &mut plan);
         scalar::scalar_groups(m, &graphs, types, &fv, &mut plan);
     }
     for g in &graphs {

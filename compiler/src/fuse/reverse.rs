@@ -25,8 +25,10 @@ use adjoint_runtime::tensor::Tensor;
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::NativeKernel;
 
-use super::scalar::{compilable, program_of, region, scalar_args, Cx, Shape, Stacks};
-use super::{form, Group, Plan};
+use super::scalar::{
+    add_call_group, callees, compilable, program_of, region, scalar_args, Cx, Shape, Stacks,
+};
+use super::Plan;
 use crate::codegen::cpu::scalar::{compile_scalar_cached, CompiledScalar};
 use crate::codegen::scalar::{SType, Scalar};
 use crate::codegen::scalar_ad::reverse;
@@ -85,70 +87,64 @@ fn find_stacks(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> Stacks {
     st
 }
 
-/// Every use of every node of `graphs`: (user, input position); a graph's
-/// output and the free variables of graphs count as uses by `None`.
-fn uses(
-    m: &Module,
-    graphs: &[GraphId],
-    fv: &FreeVars,
-) -> HashMap<NodeId, Vec<Option<(NodeId, usize)>>> {
-    let mut out: HashMap<NodeId, Vec<Option<(NodeId, usize)>>> = HashMap::new();
-    for &g in graphs {
-        for n in graph_body_with(m, g, fv) {
-            for (k, &i) in m.inputs(n).iter().enumerate() {
-                out.entry(i).or_default().push(Some((n, k)));
-            }
+/// The uses fusion already collected ([`super::plan`]): the users of each
+/// node, and the nodes that escape (graph outputs, captured values).
+struct Uses<'a> {
+    m: &'a Module,
+    users: &'a HashMap<NodeId, Vec<NodeId>>,
+    escapes: &'a HashSet<NodeId>,
+}
+
+impl Uses<'_> {
+    /// Every use of `x` as (user, input position); `None` if it escapes.
+    fn of(&self, x: NodeId) -> Option<Vec<(NodeId, usize)>> {
+        if self.escapes.contains(&x) {
+            return None;
         }
-        if let Some(o) = m.graph(g).output {
-            out.entry(o).or_default().push(None);
-        }
-        for &u in fv.get(g) {
-            out.entry(u).or_default().push(None);
-        }
+        let mut users: Vec<NodeId> = self.users.get(&x).cloned().unwrap_or_default();
+        users.sort_unstable_by_key(|u| u.0);
+        users.dedup();
+        Some(
+            users
+                .into_iter()
+                .flat_map(|u| {
+                    let ins = self.m.inputs(u);
+                    (0..ins.len())
+                        .filter(move |k| ins[*k] == x)
+                        .map(move |k| (u, k))
+                })
+                .collect(),
+        )
     }
-    out
 }
 
 /// Whether the stacks are used only as stacks: pushed, passed on as a
 /// `J'` call's last argument, or returned beside the value. A graph
 /// where one is used otherwise loses its stack (and stays with the VM).
-fn check_stacks(
-    m: &Module,
-    stacks: &mut Stacks,
-    uses: &HashMap<NodeId, Vec<Option<(NodeId, usize)>>>,
-) {
+fn check_stacks(m: &Module, stacks: &mut Stacks, uses: &Uses) {
     let mut bad: HashSet<GraphId> = HashSet::new();
     for &s in &stacks.nodes {
-        for u in uses.get(&s).map(Vec::as_slice).unwrap_or(&[]) {
+        let Some(list) = uses.of(s) else {
+            bad.extend(m.node(s).graph);
+            continue;
+        };
+        for (n, k) in list {
             // The graph the use is in (a backpropagator constant has none
             // of its own).
-            let Some(g) = m
-                .node(s)
-                .graph
-                .or_else(|| u.and_then(|(n, _)| m.node(n).graph))
-            else {
+            let Some(g) = m.node(s).graph.or(m.node(n).graph) else {
                 continue;
             };
-            let ok = match u {
-                None => false,
-                Some((n, k)) => {
-                    let ins = m.inputs(*n);
-                    stacks.nodes.contains(n)
-                        || (*k == ins.len() - 1 && m.applied_prim(*n).is_none() && {
-                            // A tail call of J' graphs.
-                            let callees = match m.as_const(ins[0]) {
-                                Some(Const::Graph(h)) => vec![*h],
-                                _ => choice_graphs(m, ins[0]),
-                            };
-                            !callees.is_empty()
-                                && callees.iter().all(|h| stacks.param.contains_key(h))
-                                && m.graph(g).output == Some(*n)
-                        })
-                        || (m.applied_prim(*n) == Some(Prim::MakeTuple)
-                            && *k == ins.len() - 1
-                            && m.graph(g).output == Some(*n))
-                }
-            };
+            let ins = m.inputs(n);
+            let last = k == ins.len() - 1;
+            let output = m.graph(g).output == Some(n);
+            let ok = stacks.nodes.contains(&n)
+                // A tail call of J' graphs.
+                || (last && output && m.applied_prim(n).is_none() && {
+                    let callees = callees(m, ins[0]);
+                    !callees.is_empty() && callees.iter().all(|h| stacks.param.contains_key(h))
+                })
+                // `(value, stack)` returned.
+                || (last && output && m.applied_prim(n) == Some(Prim::MakeTuple));
             if !ok {
                 bad.insert(g);
             }
@@ -163,18 +159,6 @@ fn check_stacks(
                 stacks.nodes.remove(&m.inputs(out)[2]);
             }
         }
-    }
-}
-
-/// The graphs of `switch(c, @a, @b)` node `n` (none if it is not one).
-fn choice_graphs(m: &Module, n: NodeId) -> Vec<GraphId> {
-    let ins = m.inputs(n);
-    if m.applied_prim(n) != Some(Prim::Switch) || ins.len() != 4 {
-        return Vec::new();
-    }
-    match (m.as_const(ins[2]), m.as_const(ins[3])) {
-        (Some(Const::Graph(a)), Some(Const::Graph(b))) => vec![*a, *b],
-        _ => Vec::new(),
     }
 }
 
@@ -206,6 +190,8 @@ pub(super) fn reverse_groups(
     graphs: &[GraphId],
     types: &Types,
     fv: &FreeVars,
+    users: &HashMap<NodeId, Vec<NodeId>>,
+    escapes: &HashSet<NodeId>,
     plan: &mut Plan,
 ) {
     if std::env::var_os("ADJOINT_NO_SCALAR_JIT").is_some() {
@@ -215,7 +201,7 @@ pub(super) fn reverse_groups(
     if stacks.param.is_empty() {
         return;
     }
-    let uses = uses(m, graphs, fv);
+    let uses = Uses { m, users, escapes };
     let mut stacks = stacks;
     check_stacks(m, &mut stacks, &uses);
     let cx = Cx {
@@ -286,40 +272,35 @@ pub(super) fn reverse_groups(
             inputs.extend(fv.get(g).iter().copied());
             inputs.extend(b.key_inputs.iter().copied());
             let name = &m.graph(g).name;
-            let fi = plan.groups.len();
-            plan.member_of.insert(n, fi);
-            plan.groups.push(Group {
-                graph: h,
-                graph_name: m.graph(h).name.clone(),
-                members: vec![n],
+            let ms = |c: &CompiledScalar| c.compile_time().as_secs_f64() * 1e3;
+            add_call_group(
+                plan,
+                m,
+                h,
+                n,
                 inputs,
-                outputs: vec![n],
-                recomputed: Vec::new(),
-                description: format!(
+                format!(
                     "scalar loop @{name} recording its tape for reverse mode, compiled in {:.2} ms",
-                    b.forward.compile_time().as_secs_f64() * 1e3
+                    ms(&b.forward)
                 ),
-                form: form::KernelForm::Scalar(b.forward.program().clone()),
-                kernel: Arc::new(Forward(b.clone())),
-                then: None,
-            });
-            let bi = plan.groups.len();
-            plan.member_of.insert(unwind, bi);
-            plan.groups.push(Group {
-                graph: h,
-                graph_name: m.graph(h).name.clone(),
-                members: vec![unwind],
-                inputs: vec![stack, seed],
-                outputs: vec![unwind],
-                recomputed: Vec::new(),
-                description: format!(
+                &b.forward,
+                Arc::new(Forward(b.clone())),
+                None,
+            );
+            add_call_group(
+                plan,
+                m,
+                h,
+                unwind,
+                vec![stack, seed],
+                format!(
                     "reverse of scalar loop @{name} from its tape, compiled in {:.2} ms",
-                    b.backward.compile_time().as_secs_f64() * 1e3
+                    ms(&b.backward)
                 ),
-                form: form::KernelForm::Scalar(b.backward.program().clone()),
-                kernel: Arc::new(Backward(b.clone())),
-                then: None,
-            });
+                &b.backward,
+                Arc::new(Backward(b.clone())),
+                None,
+            );
         }
     }
 }
@@ -327,11 +308,7 @@ pub(super) fn reverse_groups(
 /// For the call `n` that starts a loop's stack: the stack node, the
 /// `unwind` call that is its only use, and the seed; `None` unless only
 /// `tuple_get`s read `n` and the unwind's result.
-fn stack_use(
-    cx: &Cx,
-    uses: &HashMap<NodeId, Vec<Option<(NodeId, usize)>>>,
-    n: NodeId,
-) -> Option<(NodeId, NodeId, NodeId)> {
+fn stack_use(cx: &Cx, uses: &Uses, n: NodeId) -> Option<(NodeId, NodeId, NodeId)> {
     let m = cx.m;
     let get_index = |u: NodeId| -> Option<i64> {
         if m.applied_prim(u) != Some(Prim::TupleGet) {
@@ -342,14 +319,7 @@ fn stack_use(
             _ => None,
         }
     };
-    let users = |x: NodeId| -> Option<Vec<(NodeId, usize)>> {
-        uses.get(&x)
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
-            .iter()
-            .copied()
-            .collect::<Option<Vec<_>>>()
-    };
+    let users = |x: NodeId| uses.of(x);
     let mut stack = None;
     for (u, k) in users(n)? {
         (k == 1).then_some(())?;
@@ -591,24 +561,15 @@ impl NativeKernel for Backward {
 /// Appends the float scalars of `v`, whose structure is `shape`.
 fn flatten_floats(v: &Value, shape: &Shape, out: &mut Vec<Scalar>) -> Option<()> {
     match (shape, v) {
-        (Shape::Scalar(t, _), Value::Tensor(x)) => {
+        (Shape::Scalar(t, _), Value::Tensor(_)) => {
             if t.is_float() {
-                if !x.is_scalar() || x.dtype() != t.dtype() {
-                    return None;
-                }
-                out.push(match t {
-                    SType::F32 => Scalar::F32(x.as_f32()?[0]),
-                    _ => Scalar::F64(x.as_f64()?[0]),
-                });
+                out.extend(scalar_args("seed", std::slice::from_ref(v), &[*t]).ok()?);
             }
             Some(())
         }
         (Shape::Scalar(t, _), Value::Zero) => {
             if t.is_float() {
-                out.push(match t {
-                    SType::F32 => Scalar::F32(0.0),
-                    _ => Scalar::F64(0.0),
-                });
+                out.push(Scalar::from_bits(*t, 0));
             }
             Some(())
         }

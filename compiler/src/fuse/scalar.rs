@@ -139,6 +139,58 @@ impl Shape {
     }
 }
 
+/// `switch(c, @a, @b)`: the condition and the two graphs.
+pub(super) fn choice(m: &Module, n: NodeId) -> Option<(NodeId, GraphId, GraphId)> {
+    let ins = m.inputs(n);
+    if m.applied_prim(n) != Some(Prim::Switch) || ins.len() != 4 {
+        return None;
+    }
+    match (m.as_const(ins[2]), m.as_const(ins[3])) {
+        (Some(Const::Graph(a)), Some(Const::Graph(b))) => Some((ins[1], *a, *b)),
+        _ => None,
+    }
+}
+
+/// The graphs a call with callee `head` may call: a graph constant, or
+/// the two graphs of a `switch` (none otherwise).
+pub(super) fn callees(m: &Module, head: NodeId) -> Vec<GraphId> {
+    match m.as_const(head) {
+        Some(Const::Graph(h)) => vec![*h],
+        _ => choice(m, head)
+            .map(|(_, a, b)| vec![a, b])
+            .unwrap_or_default(),
+    }
+}
+
+/// Adds a group that computes call `n` (in graph `h`) with the compiled
+/// scalar program of `kernel`, reading `inputs`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn add_call_group(
+    plan: &mut Plan,
+    m: &Module,
+    h: GraphId,
+    n: NodeId,
+    inputs: Vec<NodeId>,
+    description: String,
+    program: &CompiledScalar,
+    kernel: Arc<dyn NativeKernel>,
+    then: Option<Continuation>,
+) {
+    plan.member_of.insert(n, plan.groups.len());
+    plan.groups.push(Group {
+        graph: h,
+        graph_name: m.graph(h).name.clone(),
+        members: vec![n],
+        inputs,
+        outputs: vec![n],
+        recomputed: Vec::new(),
+        description,
+        form: form::KernelForm::Scalar(program.program().clone()),
+        kernel,
+        then,
+    });
+}
+
 /// The type of a literal as an operand, and its value.
 fn literal(c: &Const) -> Option<(Scalar, WeakDType)> {
     Some(match c {
@@ -231,13 +283,7 @@ impl Cx<'_> {
         if ins.len() >= 2 && self.stacks.nodes.contains(ins.last().expect("checked")) {
             return true;
         }
-        let callees = match self.graph_const(ins[0]) {
-            Some(h) => vec![h],
-            None => self
-                .choice(ins[0])
-                .map(|(_, a, b)| vec![a, b])
-                .unwrap_or_default(),
-        };
+        let callees = callees(self.m, ins[0]);
         !callees.is_empty() && callees.iter().all(|h| self.stacks.closures.contains(h))
     }
 
@@ -265,12 +311,15 @@ impl Cx<'_> {
         if !self.passes_stack(out) {
             return None;
         }
-        let callees = match self.graph_const(ins[0]) {
-            Some(h) => vec![h],
-            None => self.choice(ins[0]).map(|(_, a, b)| vec![a, b])?,
-        };
+        self.called_value(ins[0], seen)
+    }
+
+    /// What the `J'` or `J` graphs a call with callee `head` may call
+    /// return beside their stack or backpropagator (the same for all;
+    /// graphs in `seen` are being looked at and add nothing new).
+    fn called_value(&self, head: NodeId, seen: &mut HashSet<GraphId>) -> Option<Shape> {
         let mut value = None;
-        for h in callees {
+        for h in callees(self.m, head) {
             // A callee already being looked at adds nothing new.
             let Some(v) = self.stacked_value(h, seen) else {
                 if seen.contains(&h) {
@@ -306,20 +355,8 @@ impl Cx<'_> {
                 return items.map(Shape::Tuple);
             }
             if self.passes_stack(n) {
-                let head = self.m.inputs(n)[0];
-                let callees = match self.graph_const(head) {
-                    Some(h) => vec![h],
-                    None => self.choice(head).map(|(_, a, b)| vec![a, b])?,
-                };
-                let mut value = None;
-                for h in callees {
-                    let v = self.stacked_value(h, &mut HashSet::new())?;
-                    if value.as_ref().is_some_and(|w| *w != v) {
-                        return None;
-                    }
-                    value = Some(v);
-                }
-                return Some(Shape::Tuple(vec![value?, Shape::Stack]));
+                let value = self.called_value(self.m.inputs(n)[0], &mut HashSet::new())?;
+                return Some(Shape::Tuple(vec![value, Shape::Stack]));
             }
         }
         match self.m.as_const(n) {
@@ -346,14 +383,7 @@ impl Cx<'_> {
 
     /// `switch(c, @a, @b)`: the two graphs.
     fn choice(&self, n: NodeId) -> Option<(NodeId, GraphId, GraphId)> {
-        if self.m.applied_prim(n) != Some(Prim::Switch) {
-            return None;
-        }
-        let ins = self.m.inputs(n);
-        if ins.len() != 4 {
-            return None;
-        }
-        Some((ins[1], self.graph_const(ins[2])?, self.graph_const(ins[3])?))
+        choice(self.m, n)
     }
 
     /// The local conditions on `g`; `None` if it cannot join a region.
@@ -847,21 +877,17 @@ pub(super) fn scalar_groups(
                     .filter(|a| cx.shape(*a) != Some(Shape::Io))
                     .collect();
                 inputs.extend(fv.get(g).iter().copied());
-                let gi = plan.groups.len();
-                plan.member_of.insert(n, gi);
-                plan.groups.push(Group {
-                    graph: h,
-                    graph_name: m.graph(h).name.clone(),
-                    members: vec![n],
+                add_call_group(
+                    plan,
+                    m,
+                    h,
+                    n,
                     inputs,
-                    outputs: vec![n],
-                    recomputed: Vec::new(),
-                    description: kernel
-                        .describe(exit.as_ref().map(|e| m.graph(e.graph).name.as_str())),
-                    form: form::KernelForm::Scalar(kernel.compiled.program().clone()),
-                    kernel: kernel.clone(),
+                    kernel.describe(exit.as_ref().map(|e| m.graph(e.graph).name.as_str())),
+                    &kernel.compiled,
+                    kernel.clone(),
                     then,
-                });
+                );
             }
         }
     }
