@@ -60,6 +60,9 @@ pub struct RunStats {
     /// How many of those calls wrote their result over an input that died
     /// there.
     pub kernels_in_place: usize,
+    /// Closures with captures the VM made (graph mode lambda-lifts the
+    /// functions that are only called, such as loop bodies).
+    pub closures_made: u64,
 }
 
 /// One generated CUDA kernel ([`Session::cuda_kernels`]).
@@ -541,10 +544,12 @@ impl Session {
         let before_run = heap_in_use();
         reset_heap_peak();
         let calls0 = adjoint_compiler::fuse::kernel_calls();
+        let closures0 = adjoint_runtime::vm::closures_made();
         let t1 = std::time::Instant::now();
         program.execute_main(&ex, out).map_err(|d| self.error(d))?;
         let run = t1.elapsed();
         let calls1 = adjoint_compiler::fuse::kernel_calls();
+        let closures_made = adjoint_runtime::vm::closures_made() - closures0;
         Ok(RunStats {
             compile,
             run,
@@ -552,6 +557,7 @@ impl Session {
             run_peak_bytes: heap_peak().wrapping_sub(before_run),
             kernel_calls: calls1.0 - calls0.0,
             kernels_in_place: calls1.1 - calls0.1,
+            closures_made,
         })
     }
 

@@ -348,6 +348,7 @@ fn run_file(
         "stats: {} fused kernel calls, {} of them wrote over an input that died there",
         s.kernel_calls, s.kernels_in_place
     );
+    eprintln!("stats: {} closures made", s.closures_made);
     Ok(())
 }
 

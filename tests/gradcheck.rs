@@ -136,11 +136,14 @@ fn wide(shape: &str, seed: u32) -> String {
     format!("({} * 3.0)", rn(shape, seed))
 }
 
+/// Makes the input of a case: a seed's random tensor, in a domain.
+type Input = fn(&str, u32) -> String;
+
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
 
     // ----- element-wise, one operand -------------------------------------
-    let unary: &[(&str, &str, fn(&str, u32) -> String)] = &[
+    let unary: &[(&str, &str, Input)] = &[
         ("neg", "-x", rn),
         ("exp", "exp(x)", rn),
         ("log", "log(x)", pos),

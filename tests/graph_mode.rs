@@ -554,3 +554,47 @@ fn scalar_loop_gradients_run_natively_from_a_tape() {
     assert!(close(g[6], g[7], 1e-5), "{graph}");
     assert!(g[8].is_finite() && g[8] != 0.0, "{graph}");
 }
+
+/// Graph mode lambda-lifts the graphs that are only called (a loop's
+/// header, body and exit, `unwind`'s two branches, the branches of the
+/// backpropagators' zero tests): the gradient of a loop over tensors makes
+/// only the closures that are reverse mode's records (its
+/// backpropagators), where eager mode makes several more per iteration.
+/// Both print the same.
+#[test]
+fn loops_over_tensors_make_only_their_backpropagators() {
+    const SRC: &str = "\
+fn iterate(x, n) {
+    let mut y = x;
+    let mut i = 0;
+    while i < n {
+        y = sin(y) * y + 0.5;
+        i = i + 1;
+    }
+    sum(y)
+}
+fn main() {
+    let x = randn([4], seed = 1) * 0.5;
+    print(grad(iterate)(x, 500));
+}
+";
+    let closures = |mode: Mode| {
+        let s = Session::new(mode).load_source("loop.adj", SRC).unwrap();
+        let mut out = Vec::new();
+        let stats = s
+            .run_main_with_stats(&mut out)
+            .unwrap_or_else(|e| panic!("{}", e.render(false)));
+        (String::from_utf8(out).unwrap(), stats.closures_made)
+    };
+    let (graph_out, graph) = closures(Mode::Graph);
+    let (eager_out, eager) = closures(Mode::Eager);
+    let plain = |s: &str| s.replace(['[', ']', ','], " ");
+    assert_close(&plain(&graph_out), &plain(&eager_out), 1e-10);
+    // Two records per iteration: the header's (which branch it took) and
+    // the body's (the values `sin` and `mul` need).
+    assert!(
+        (1000..=1010).contains(&graph),
+        "graph mode made {graph} closures"
+    );
+    assert!(eager >= 4 * graph, "eager mode made {eager} closures");
+}

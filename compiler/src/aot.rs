@@ -10,8 +10,6 @@
 //! whose exported C functions hand the blob to the runtime entry
 //! [`RUNTIME_ENTRY`] (implemented by the `adjoint-capi` crate).
 
-use std::collections::HashSet;
-
 use adjoint_runtime::tensor::DType;
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::Vm;
@@ -21,7 +19,6 @@ use crate::infer::{AbsTensor, AbsVal, InferOptions};
 use crate::ir::print::print_module;
 use crate::ir::{GraphId, Module};
 use crate::pipeline::Program;
-use crate::prim::Prim;
 
 /// The first line of every blob (the format and the compiler's version);
 /// it is checked when the blob is read.
@@ -72,7 +69,7 @@ impl Param {
 /// read back to the same module.
 pub fn blob_text(program: &Program, entries: &[Entry], params: &[Param]) -> Result<String, String> {
     let roots: Vec<GraphId> = entries.iter().map(|e| e.graph).collect();
-    if uses_dynamic_ad(&program.lowered.module, &roots) {
+    if crate::exec::uses_dynamic_ad(&program.lowered.module, &roots) {
         return Err("this function differentiates a function value at run time (`grad` of a parameter or of a value from a tuple); ahead-of-time builds do not support it yet".into());
     }
     let (m, _) = program.optimized(&roots);
@@ -141,24 +138,15 @@ pub fn blob_text(program: &Program, entries: &[Entry], params: &[Param]) -> Resu
     Ok(text)
 }
 
-/// Whether code reachable from `roots` differentiates function values at
-/// run time (which needs the derivative rules at run time).
-fn uses_dynamic_ad(m: &Module, roots: &[GraphId]) -> bool {
-    let reach: HashSet<GraphId> = crate::ir::analysis::reachable_graphs(m, roots)
-        .into_iter()
-        .collect();
-    (0..m.nodes.len())
-        .map(|i| crate::ir::NodeId(i as u32))
-        .filter(|n| m.node(*n).graph.is_some_and(|g| reach.contains(&g)))
-        .any(|n| matches!(m.applied_prim(n), Some(Prim::AdDyn | Prim::AdLift)))
-}
+/// An exported entry: its name, graph and (for a gradient) the
+/// differentiated entry and parameters.
+type LoadedEntry = (String, GraphId, Option<(usize, Vec<usize>)>);
 
 /// A program read back from a blob.
 pub struct AotModule {
     module: Module,
-    /// Exported name, graph and (for a gradient) differentiated entry and
-    /// parameters of each entry, by entry index.
-    entries: Vec<(String, GraphId, Option<(usize, Vec<usize>)>)>,
+    /// The entries, by entry index.
+    entries: Vec<LoadedEntry>,
     /// The parameters of the entries, as declared.
     params: Vec<Param>,
 }

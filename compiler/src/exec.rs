@@ -6,8 +6,20 @@
 //! has free variables becomes a `MakeClosure` instruction; an application in
 //! output position that calls a function becomes a tail call, so loops run
 //! in constant stack.
+//!
+//! # Lambda lifting
+//!
+//! In graph mode a graph with free variables that is only ever called
+//! (directly, or as a branch of a `switch` whose result is only called)
+//! takes its free variables as extra parameters instead of captures: its
+//! call sites pass them, and its function value is a constant made once,
+//! so a loop no longer allocates a closure per iteration for its body, its
+//! exit and their `switch`. The branches of one `switch` take the same
+//! extra parameters (the union of their free variables). The slot layout
+//! is the one a closure would have (parameters, then free variables), so
+//! nested closures made in a lifted graph capture from the same slots.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use adjoint_runtime::kernels;
@@ -73,18 +85,46 @@ pub fn const_value(c: &Const) -> Option<Value> {
     })
 }
 
+/// Compiles for eager mode: every graph with free variables is a closure.
 pub fn compile(m: &Module, roots: &[GraphId]) -> Result<Executable, ExecError> {
-    compile_with(m, roots, None)
+    compile_graphs(m, roots, None, false)
 }
 
-/// Compiles with the groups of a fusion plan run as native kernels.
+/// Compiles for graph mode, with the groups of a fusion plan run as native
+/// kernels and graphs that are only called lambda-lifted (unless the
+/// program differentiates function values at run time, which reads
+/// closures' captures).
 pub fn compile_with(
     m: &Module,
     roots: &[GraphId],
     plan: Option<&crate::fuse::Plan>,
 ) -> Result<Executable, ExecError> {
+    compile_graphs(m, roots, plan, !uses_dynamic_ad(m, roots))
+}
+
+/// Whether code reachable from `roots` differentiates function values at
+/// run time.
+pub(crate) fn uses_dynamic_ad(m: &Module, roots: &[GraphId]) -> bool {
+    let reach: HashSet<GraphId> = reachable_graphs(m, roots).into_iter().collect();
+    (0..m.nodes.len())
+        .map(|i| NodeId(i as u32))
+        .filter(|n| m.node(*n).graph.is_some_and(|g| reach.contains(&g)))
+        .any(|n| matches!(m.applied_prim(n), Some(Prim::AdDyn | Prim::AdLift)))
+}
+
+fn compile_graphs(
+    m: &Module,
+    roots: &[GraphId],
+    plan: Option<&crate::fuse::Plan>,
+    lift: bool,
+) -> Result<Executable, ExecError> {
     let graphs = reachable_graphs(m, roots);
     let fv = free_variables(m);
+    let lifted = if lift {
+        lifted_graphs(m, &graphs, roots, &fv, plan)
+    } else {
+        Lifted::default()
+    };
     let code_of: HashMap<GraphId, CodeId> = graphs
         .iter()
         .enumerate()
@@ -101,6 +141,7 @@ pub fn compile_with(
             code_of: &ex.code_of,
             locs: &mut ex.locs,
             loc_base: 0,
+            lifted: &lifted,
         };
         let code = compile_graph(m, g, &fv, &mut t, plan)?;
         ex.program.codes.push(code);
@@ -129,11 +170,13 @@ pub fn compile_more(
         code_of.insert(*g, CodeId(next + i as u32));
     }
     let mut out = Vec::with_capacity(graphs.len());
+    let lifted = Lifted::default();
     for g in graphs {
         let mut t = Tables {
             code_of,
             locs,
             loc_base,
+            lifted: &lifted,
         };
         out.push(compile_graph(m, g, fv, &mut t, None)?);
     }
@@ -146,6 +189,201 @@ struct Tables<'t> {
     code_of: &'t HashMap<GraphId, CodeId>,
     locs: &'t mut Vec<Loc>,
     loc_base: u32,
+    lifted: &'t Lifted,
+}
+
+/// The lambda-lifted graphs and the values each takes after its own
+/// parameters.
+#[derive(Default)]
+struct Lifted {
+    extra: HashMap<GraphId, Vec<NodeId>>,
+    /// Graphs without free variables that a `switch` pairs with lifted
+    /// graphs: they drop the extra arguments.
+    lenient: HashSet<GraphId>,
+}
+
+impl Lifted {
+    /// The extra arguments of a call whose callee is node `callee`: a
+    /// lifted graph's constant or a `switch` between lifted graphs.
+    fn of_callee(&self, m: &Module, callee: NodeId) -> Option<&[NodeId]> {
+        if self.extra.is_empty() {
+            return None;
+        }
+        match m.as_const(callee) {
+            Some(Const::Graph(h)) => self.extra.get(h).map(Vec::as_slice),
+            _ if m.applied_prim(callee) == Some(Prim::Switch) => m.inputs(callee)[2..]
+                .iter()
+                .find_map(|b| match m.as_const(*b) {
+                    Some(Const::Graph(h)) => self.extra.get(h).map(Vec::as_slice),
+                    _ => None,
+                }),
+            _ => None,
+        }
+    }
+}
+
+/// Finds the graphs to lift: those with free variables whose every use is
+/// the callee of a call, or a branch of a `switch` (among graphs only)
+/// that is only the callee of calls in its own graph. The branches of a
+/// `switch` that have free variables are lifted together or not at all;
+/// those without (such as the zero branches of backpropagators, shared by
+/// many switches) take no part, and drop the extra arguments.
+fn lifted_graphs(
+    m: &Module,
+    graphs: &[GraphId],
+    roots: &[GraphId],
+    fv: &FreeVars,
+    plan: Option<&crate::fuse::Plan>,
+) -> Lifted {
+    let index: HashMap<GraphId, usize> = graphs.iter().enumerate().map(|(i, g)| (*g, i)).collect();
+    // Union-find over the branches of each switch.
+    let mut parent: Vec<usize> = (0..graphs.len()).collect();
+    fn find(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    let mut bad: HashSet<GraphId> = roots.iter().copied().collect();
+    let graph_of = |n: NodeId| match m.as_const(n) {
+        Some(Const::Graph(h)) => Some(*h),
+        _ => None,
+    };
+    // The graphs a switch node chooses between (`None` when a branch is
+    // not a graph constant).
+    let branches = |n: NodeId| -> Option<Vec<Option<GraphId>>> {
+        (m.applied_prim(n) == Some(Prim::Switch))
+            .then(|| m.inputs(n).iter().skip(2).map(|b| graph_of(*b)).collect())
+    };
+    // A value use of `n`: a graph or the graphs of a switch escape.
+    let escape = |n: NodeId, bad: &mut HashSet<GraphId>| {
+        if let Some(h) = graph_of(n) {
+            bad.insert(h);
+        } else if let Some(bs) = branches(n) {
+            bad.extend(bs.into_iter().flatten());
+        }
+    };
+    // Each call of a graph or of a switch of graphs: the caller and the
+    // graphs named there.
+    let mut sites: Vec<(GraphId, Vec<GraphId>)> = Vec::new();
+    let mut lenient = HashSet::new();
+    for &g in graphs {
+        for n in graph_body_with(m, g, fv) {
+            let inputs = m.inputs(n);
+            if let Some(bs) = branches(n) {
+                // The branches with free variables: joined; a non-graph
+                // branch spoils them all.
+                let all: Vec<GraphId> = bs.iter().flatten().copied().collect();
+                let (gs, closed): (Vec<GraphId>, Vec<GraphId>) =
+                    all.iter().partition(|h| !fv.get(**h).is_empty());
+                if all.len() != bs.len() {
+                    bad.extend(gs.iter().copied());
+                } else if !gs.is_empty() {
+                    lenient.extend(closed);
+                }
+                for w in gs.windows(2) {
+                    if let (Some(&a), Some(&b)) = (index.get(&w[0]), index.get(&w[1])) {
+                        let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+                        parent[ra] = rb;
+                    }
+                }
+                if let Some(c) = inputs.get(1) {
+                    escape(*c, &mut bad);
+                }
+                continue;
+            }
+            for (i, &x) in inputs.iter().enumerate() {
+                if i == 0 {
+                    // A callee: fine in the graph that made it; a switch
+                    // made elsewhere does not have the branches' free
+                    // variables at hand here.
+                    if let Some(h) = graph_of(x) {
+                        sites.push((g, vec![h]));
+                    } else if let Some(bs) = branches(x) {
+                        if m.node(x).graph == Some(g) {
+                            sites.push((g, bs.into_iter().flatten().collect()));
+                        } else {
+                            escape(x, &mut bad);
+                        }
+                    }
+                } else {
+                    escape(x, &mut bad);
+                }
+            }
+        }
+        if let Some(out) = m.graph(g).output {
+            escape(out, &mut bad);
+        }
+    }
+    for group in plan.map(|p| p.groups.as_slice()).unwrap_or_default() {
+        for &x in &group.inputs {
+            escape(x, &mut bad);
+        }
+        if let Some(then) = &group.then {
+            // The continuation is called where the kernel runs.
+            match graph_of(then.callee) {
+                Some(h) => sites.push((group.graph, vec![h])),
+                None => escape(then.callee, &mut bad),
+            }
+            for a in &then.args {
+                if let crate::fuse::ContArg::Node(x) = a {
+                    escape(*x, &mut bad);
+                }
+            }
+        }
+    }
+    // Gather the classes; a class is lifted when none of its members
+    // escapes, its free variables are not owned by a member, and it has
+    // some.
+    let mut classes: HashMap<usize, Vec<GraphId>> = HashMap::new();
+    for (i, &g) in graphs.iter().enumerate() {
+        let r = find(&mut parent, i);
+        classes.entry(r).or_default().push(g);
+    }
+    let mut extra: HashMap<GraphId, Vec<NodeId>> = HashMap::new();
+    for members in classes.into_values() {
+        if members.iter().any(|g| bad.contains(g)) {
+            continue;
+        }
+        let mut list: Vec<NodeId> = Vec::new();
+        let mut seen = HashSet::new();
+        for &g in &members {
+            for &v in fv.get(g) {
+                if seen.insert(v) {
+                    list.push(v);
+                }
+            }
+        }
+        let owned_inside = list
+            .iter()
+            .any(|v| m.node(*v).graph.is_some_and(|o| members.contains(&o)));
+        if list.is_empty() || owned_inside {
+            continue;
+        }
+        for g in members {
+            extra.insert(g, list.clone());
+        }
+    }
+    // A call site passes what the callee's class takes: the caller must
+    // have each of those values, as a free variable of its own or of a
+    // graph it names there (which orders its computation before the
+    // call). Whether it does depends on free variables only, so one pass
+    // decides.
+    let mut dropped = HashSet::new();
+    for (caller, named) in &sites {
+        let Some((h, list)) = named.iter().find_map(|h| extra.get(h).map(|l| (*h, l))) else {
+            continue;
+        };
+        let at_hand = |v: &NodeId| {
+            fv.get(*caller).contains(v) || named.iter().any(|h| fv.get(*h).contains(v))
+        };
+        if !list.iter().all(at_hand) {
+            dropped.insert(find(&mut parent, index[&h]));
+        }
+    }
+    extra.retain(|g, _| !dropped.contains(&find(&mut parent, index[g])));
+    Lifted { extra, lenient }
 }
 
 impl Tables<'_> {
@@ -199,7 +437,7 @@ impl CodeBuilder<'_> {
                     loc: node.loc,
                 })?;
                 let fvs = self.fv.get(*h);
-                if fvs.is_empty() {
+                if fvs.is_empty() || ex.lifted.extra.contains_key(h) {
                     return Ok(self.constant(Value::Func(Arc::new(Closure {
                         code,
                         captures: Vec::new(),
@@ -358,7 +596,10 @@ fn compile_graph(
         b.slot_of.insert(p, b.n_slots);
         b.n_slots += 1;
     }
-    let captures = fv.get(g);
+    // A lifted graph takes its free variables (those of its switch
+    // siblings too) as parameters, in the slots captures would have had.
+    let extra = ex.lifted.extra.get(&g);
+    let captures = extra.map(Vec::as_slice).unwrap_or(fv.get(g));
     for &c in captures {
         b.slot_of.insert(c, b.n_slots);
         b.n_slots += 1;
@@ -401,6 +642,11 @@ fn compile_graph(
                         });
                     }
                     let callee = b.operand(then.callee, ex)?;
+                    if let Some(extra) = ex.lifted.of_callee(m, then.callee) {
+                        for &v in extra {
+                            args.push(b.operand(v, ex)?);
+                        }
+                    }
                     let out = group.outputs[0];
                     if out == output {
                         tail = true;
@@ -476,6 +722,11 @@ fn compile_graph(
                 for &i in &inputs[1..] {
                     args.push(b.operand(i, ex)?);
                 }
+                if let Some(extra) = ex.lifted.of_callee(m, inputs[0]) {
+                    for &v in extra {
+                        args.push(b.operand(v, ex)?);
+                    }
+                }
                 if n == output {
                     tail = true;
                     Instr::TailCall { callee, args, loc }
@@ -515,12 +766,17 @@ fn compile_graph(
     };
     let mut code = Code {
         name: graph.name.clone(),
-        n_params: graph.params.len() as u32,
-        n_captures: captures.len() as u32,
+        n_params: (graph.params.len() + extra.map_or(0, Vec::len)) as u32,
+        n_captures: if extra.is_some() {
+            0
+        } else {
+            captures.len() as u32
+        },
         n_slots: b.n_slots,
         consts: b.consts,
         instrs: b.instrs,
         ret,
+        extra_args: ex.lifted.lenient.contains(&g),
     };
     // `ADJOINT_KEEP_VALUES` keeps every value until its function returns
     // (to measure what releasing them early saves).

@@ -334,7 +334,7 @@ impl Program {
         // Differentiation at run time builds on the derivative rules:
         // keep them (optimised too).
         let mut roots = roots.to_vec();
-        if uses_dynamic_ad(&m, &roots) {
+        if crate::exec::uses_dynamic_ad(&m, &roots) {
             roots.extend(self.rule_graphs());
         }
         let mut stats = crate::opt::optimize(&mut m, &roots, &opts);
@@ -401,7 +401,7 @@ impl Program {
         m: &crate::ir::Module,
         roots: &[GraphId],
     ) -> Executable {
-        if !uses_dynamic_ad(m, roots) {
+        if !crate::exec::uses_dynamic_ad(m, roots) {
             return ex;
         }
         let d = Arc::new(crate::ad::dynamic::DynAd::new(
@@ -691,12 +691,6 @@ fn dynamic_ad_ops(m: &crate::ir::Module, roots: &[GraphId]) -> Vec<bool> {
             Some(wrap.and_then(|w| m.as_const(*w)) != Some(&Const::Int(0)))
         })
         .collect()
-}
-
-/// Whether code reachable from `roots` differentiates function values at
-/// run time.
-fn uses_dynamic_ad(m: &crate::ir::Module, roots: &[GraphId]) -> bool {
-    !dynamic_ad_ops(m, roots).is_empty()
 }
 
 /// Whether code reachable from `roots` transforms, at run time, a function

@@ -136,6 +136,10 @@ pub struct Code {
     pub instrs: Vec<Instr>,
     /// The result, when the code does not end in a tail call.
     pub ret: Operand,
+    /// Calls may pass arguments after the parameters, which are dropped (a
+    /// function without captures that a `switch` pairs with functions
+    /// taking extra arguments).
+    pub extra_args: bool,
 }
 
 /// An executable program.
@@ -285,6 +289,16 @@ pub struct Vm<'a> {
 /// How many returned frames' slot buffers are kept for reuse.
 const SPARE_SLOTS: usize = 64;
 
+thread_local! {
+    static CLOSURES_MADE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many closures (with captures) VMs have made on this thread so far:
+/// what lambda lifting saves shows here (`adjoint run --stats`).
+pub fn closures_made() -> u64 {
+    CLOSURES_MADE.with(|c| c.get())
+}
+
 impl<'a> Vm<'a> {
     pub fn new(program: &'a Program, out: &'a mut dyn Write) -> Vm<'a> {
         Vm {
@@ -370,6 +384,10 @@ impl<'a> Vm<'a> {
             });
         };
         let code = self.program.code_any(closure.code)?;
+        let mut args = args;
+        if code.extra_args && args.len() > code.n_params as usize {
+            args.truncate(code.n_params as usize);
+        }
         if args.len() != code.n_params as usize {
             return Err(VmError {
                 message: format!(
@@ -503,6 +521,7 @@ impl<'a> Vm<'a> {
                     code: target,
                     captures,
                 } => {
+                    CLOSURES_MADE.with(|c| c.set(c.get() + 1));
                     let captures = captures.iter().map(|a| read(frame, code, *a)).collect();
                     frame.slots[*dst as usize] = Some(Value::Func(Arc::new(Closure {
                         code: *target,

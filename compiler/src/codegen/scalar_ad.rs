@@ -765,7 +765,7 @@ impl Rev<'_> {
                             Some(bin(&mut fb, Mul, dr, dg))
                         }
                         SUnary::Erf => {
-                            let c = k(&mut fb, 1.1283791670955126);
+                            let c = k(&mut fb, std::f64::consts::FRAC_2_SQRT_PI);
                             let a = bin(&mut fb, Mul, dr, c);
                             let xx = bin(&mut fb, Mul, xv, xv);
                             let nx = un(&mut fb, SUnary::Neg, xx);

@@ -96,6 +96,7 @@ mod tests {
                 prim(4, vec![Slot(3), Slot(3), Const(0)]),
             ],
             ret: Slot(4),
+            extra_args: false,
         };
         move_last_uses(&mut code);
         let args: Vec<Vec<Operand>> = code
@@ -131,6 +132,7 @@ mod tests {
                 },
             ],
             ret: Slot(0),
+            extra_args: false,
         };
         move_last_uses(&mut code);
         match &code.instrs[1] {
