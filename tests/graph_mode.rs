@@ -598,3 +598,48 @@ fn main() {
     );
     assert!(eager >= 4 * graph, "eager mode made {eager} closures");
 }
+
+/// Reverse mode's tape is made long enough from the start when the loop
+/// counts up to a bound known at the call (`for i in 0..n`, `n` computed
+/// at run time): the recording loop never grows it. A loop whose end depends on its data
+/// starts small and grows.
+#[test]
+fn a_counting_loop_sizes_its_tape_from_its_trip_count() {
+    const SRC: &str = "\
+fn counted(x, n) {
+    let mut y = x;
+    for i in 0..n {
+        y = y * 0.9999 + sin(y) * 0.0001;
+    }
+    y
+}
+fn open_ended(x, n) {
+    let mut y = x;
+    let mut i = 0;
+    while i * 2 < n {
+        y = y * 0.9999 + sin(y) * 0.0001;
+        i = i + 1;
+    }
+    y
+}
+fn main() {
+    let n = 19000 + i64(sum(rand([2], seed = 1)) * 1000.0);
+    print(grad(F)(0.3, n));
+}
+";
+    use adjoint_compiler::codegen::cpu::scalar::tape_growths;
+    let growths = |f: &str| {
+        let src = SRC.replace("grad(F)", &format!("grad({f})"));
+        let s = Session::new(Mode::Graph)
+            .load_source("loop.adj", &src)
+            .unwrap();
+        let kernels = s.emit_kernels("main").unwrap();
+        assert!(kernels.contains("recording its tape"), "{kernels}");
+        let before = tape_growths();
+        let out = run(Mode::Graph, &src);
+        assert_close(&out, &run(Mode::Eager, &src), 1e-10);
+        tape_growths() - before
+    };
+    assert_eq!(growths("counted"), 0);
+    assert!(growths("open_ended") > 0);
+}

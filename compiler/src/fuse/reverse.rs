@@ -29,8 +29,8 @@ use super::scalar::{
     add_call_group, callees, compilable, program_of, region, scalar_args, Cx, Shape, Stacks,
 };
 use super::Plan;
-use crate::codegen::cpu::scalar::{compile_scalar_cached, CompiledScalar};
-use crate::codegen::scalar::{SType, Scalar};
+use crate::codegen::cpu::scalar::{compile_scalar_cached, max_tape_slots, CompiledScalar};
+use crate::codegen::scalar::{SOp, SType, Scalar};
 use crate::codegen::scalar_ad::reverse;
 use crate::infer::Types;
 use crate::ir::analysis::{graph_body_with, FreeVars};
@@ -249,7 +249,12 @@ pub(super) fn reverse_groups(
                             "scalar: reverse @{}: {}",
                             m.graph(g).name,
                             match &r {
-                                Ok(_) => "compiled".to_string(),
+                                Ok(b) => match b.count {
+                                    Some((c, per_trip)) => format!(
+                                        "compiled; it counts ({c:?}), its tape takes at most {per_trip} values a trip"
+                                    ),
+                                    None => "compiled".to_string(),
+                                },
                                 Err(e) => format!("not compiled ({e})"),
                             }
                         );
@@ -372,6 +377,94 @@ struct Built {
     /// that capacity (a loop called again, in a training loop, usually
     /// runs as long), so it is not copied as it grows.
     last_len: std::sync::atomic::AtomicUsize,
+    /// When the loop counts up to a bound: its trip count from the
+    /// arguments, and the most values one trip pushes. The tape is then
+    /// made that long from the start.
+    count: Option<(Count, usize)>,
+}
+
+/// The most slots a tape is made with from a trip count (1 GiB); a
+/// longer one grows as it fills. (An early `break` makes the count an
+/// upper bound, which should not reserve the whole tape limit.)
+const MAX_RESERVED: u64 = 1 << 27;
+
+/// A counting loop: the entry's parameter `param` is compared with
+/// `lt(param, bound)` to choose the body, and every call of the entry
+/// from inside the loop passes `param + 1`.
+#[derive(Clone, Copy, Debug)]
+struct Count {
+    param: usize,
+    bound: Bound,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Bound {
+    Const(i64),
+    /// One of the kernel's inputs (a free variable of the entry).
+    Input(usize),
+}
+
+impl Count {
+    /// Iterations of a run with these inputs (an upper bound when the
+    /// loop may leave early).
+    fn trips(&self, inputs: &[Scalar]) -> Option<u64> {
+        let int = |i: usize| match inputs.get(i) {
+            Some(Scalar::I64(v)) => Some(*v),
+            _ => None,
+        };
+        let bound = match self.bound {
+            Bound::Const(b) => b,
+            Bound::Input(i) => int(i)?,
+        };
+        Some(bound.saturating_sub(int(self.param)?).max(0) as u64)
+    }
+}
+
+/// The [`Count`] of loop entry `g` (its region is `members`), if it has
+/// one; `n_args` of the kernel's inputs come before `g`'s free variables.
+fn counting(cx: &Cx, members: &[GraphId], g: GraphId, n_args: usize) -> Option<Count> {
+    let m = cx.m;
+    let graph = m.graph(g);
+    let out = graph.output?;
+    let switch = *m.inputs(out).first()?;
+    if m.applied_prim(switch) != Some(Prim::Switch) || m.node(switch).graph != Some(g) {
+        return None;
+    }
+    let cond = m.inputs(switch)[1];
+    if m.applied_prim(cond) != Some(Prim::Lt) {
+        return None;
+    }
+    let (a, mut b) = (m.inputs(cond)[1], m.inputs(cond)[2]);
+    let param = graph.params.iter().position(|p| *p == a)?;
+    if m.applied_prim(b) == Some(Prim::AdKey) {
+        b = m.inputs(b)[1];
+    }
+    let bound = match m.as_const(b) {
+        Some(Const::Int(v)) => Bound::Const(*v),
+        Some(_) => return None,
+        None => Bound::Input(n_args + cx.fv.get(g).iter().position(|v| *v == b)?),
+    };
+    // Every call of the entry in the loop steps the counter by one.
+    let steps = |x: NodeId| {
+        m.applied_prim(x) == Some(Prim::Add) && {
+            let ins = m.inputs(x);
+            let one = |y: NodeId| m.as_const(y) == Some(&Const::Int(1));
+            (ins[1] == a && one(ins[2])) || (ins[2] == a && one(ins[1]))
+        }
+    };
+    let mut calls = 0;
+    for &h in members {
+        for n in cx.body(h) {
+            let ins = m.inputs(n);
+            if m.as_const(ins[0]) == Some(&Const::Graph(g)) {
+                if !steps(*ins.get(1 + param)?) {
+                    return None;
+                }
+                calls += 1;
+            }
+        }
+    }
+    (calls > 0).then_some(Count { param, bound })
 }
 
 fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Result<Built, String> {
@@ -441,6 +534,32 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
     };
     let program = program_of(&rcx, &r.order, None).ok_or("no scalar program")?;
     let rev = reverse(&program)?;
+    // What one trip pushes at most: the records of every function on the
+    // way back to the entry, once each. (The forward program is a function
+    // that marks the tape and calls `P`'s entry, then the region's
+    // functions in order.)
+    let mut cycle: HashSet<GraphId> = HashSet::new();
+    while let Some(h) = r.order.iter().find(|h| {
+        !cycle.contains(*h)
+            && ok[*h]
+                .calls
+                .iter()
+                .any(|(c, _)| *c == g || cycle.contains(c))
+    }) {
+        cycle.insert(*h);
+    }
+    let per_trip: usize = (r.order.iter().zip(&rev.forward.funcs[1..]))
+        .filter(|(h, _)| cycle.contains(*h))
+        .flat_map(|(_, f)| &f.body)
+        .map(|i| match &i.op {
+            SOp::Push(vals) => vals.len(),
+            _ => 0,
+        })
+        .sum();
+    let n_args = m.graph(g).params.len() - 1;
+    let trips = counting(cx, &r.order, g, n_args)
+        .filter(|_| rev.forward.funcs.len() == r.order.len() + 1)
+        .map(|c| (c, per_trip));
     let forward = compile_scalar_cached(&rev.forward).map_err(|e| e.to_string())?;
     let backward = compile_scalar_cached(&rev.backward).map_err(|e| e.to_string())?;
     let graph = m.graph(g);
@@ -462,6 +581,7 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
         key_inputs,
         fv_floats,
         last_len: std::sync::atomic::AtomicUsize::new(1024),
+        count: trips,
         slots: orig[..orig.len() - 1].iter().map(|i| i + 1).collect(),
         len: count,
         name: graph.name.clone(),
@@ -485,8 +605,23 @@ impl NativeKernel for Forward {
         let params = &b.forward.program().entry().params;
         super::check_arity(&b.name, params.len(), args.len())?;
         let scalars = scalar_args(&b.name, &args, params)?;
-        let hint = b.last_len.load(std::sync::atomic::Ordering::Relaxed);
-        let mut tape = Vec::with_capacity(hint);
+        let last = b.last_len.load(std::sync::atomic::Ordering::Relaxed);
+        let counted = b.count.and_then(|(c, per_trip)| {
+            let slots = c.trips(&scalars)?.checked_mul(per_trip as u64)?;
+            Some(
+                slots
+                    .saturating_add(64)
+                    .min(MAX_RESERVED)
+                    .min(max_tape_slots()) as usize,
+            )
+        });
+        let mut tape = Vec::new();
+        // Reserving more than memory allows is not an error: the tape
+        // then grows as it fills, up to its limit.
+        if tape.try_reserve_exact(counted.unwrap_or(last)).is_err() {
+            tape.try_reserve(1024)
+                .map_err(|_| RtError::new("out of memory for the tape"))?;
+        }
         let out = b
             .forward
             .call_with_tape(&scalars, &mut tape)

@@ -204,7 +204,7 @@ fn literal(c: &Const) -> Option<(Scalar, WeakDType)> {
 /// What the analysis learnt about a graph that may join a region.
 pub(super) struct Info {
     /// Graphs it calls, with whether the call is its tail call.
-    calls: Vec<(GraphId, bool)>,
+    pub(super) calls: Vec<(GraphId, bool)>,
 }
 
 pub(super) struct Cx<'a> {

@@ -59,7 +59,7 @@ const MAX_TAPE_SLOTS: u64 = 1 << 30;
 
 /// The tape limit: `ADJOINT_MAX_TAPE_SLOTS` if set (tests lower it),
 /// else [`MAX_TAPE_SLOTS`].
-fn max_tape_slots() -> u64 {
+pub(crate) fn max_tape_slots() -> u64 {
     static MAX: OnceLock<u64> = OnceLock::new();
     *MAX.get_or_init(|| {
         std::env::var("ADJOINT_MAX_TAPE_SLOTS")
@@ -69,12 +69,23 @@ fn max_tape_slots() -> u64 {
     })
 }
 
+thread_local! {
+    static TAPE_GROWTHS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times native code on this thread had to grow a tape (a tape
+/// made long enough from the start never grows).
+pub fn tape_growths() -> u64 {
+    TAPE_GROWTHS.with(|c| c.get())
+}
+
 /// Makes room for `n` more values; 0 (and the fault set) when the tape
 /// would exceed [`MAX_TAPE_SLOTS`] or memory is short.
 extern "C" fn tape_grow(t: *mut TapeBuf, n: u64) -> u8 {
     // SAFETY: native code passes the pointer its trampoline was given,
     // which `CompiledScalar::call_with_tape` made from a live Vec.
     let t = unsafe { &mut *t };
+    TAPE_GROWTHS.with(|c| c.set(c.get() + 1));
     let mut v = std::mem::ManuallyDrop::new(unsafe { Vec::from_raw_parts(t.ptr, t.len, t.cap) });
     let fits = (t.len as u64)
         .checked_add(n)
