@@ -189,7 +189,12 @@ fn run_case(root: &Path, case: &Case, mode: Mode, reps: usize) -> Result<RunTime
         .run_function("__bench_entry", &mut clock)
         .map_err(|e| e.render(false))?;
     let lines = clock.lines;
-    let at = |tag: &str| lines.iter().position(|(_, l)| l == tag);
+    // A tag may be followed by values (`ready true`).
+    let at = |tag: &str| {
+        lines
+            .iter()
+            .position(|(_, l)| l == tag || l.starts_with(&format!("{tag} ")))
+    };
     let ready = at("ready").ok_or("the program printed no `ready` line")?;
     let start = at("start").unwrap_or(ready);
     let to_start = lines[start].0 - t1;

@@ -3,13 +3,15 @@
 //! [`env`].
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use adjoint_runtime::tensor::DType;
-use egg::{Extractor, RecExpr, Runner, Symbol};
+use egg::{Extractor, RecExpr, Symbol};
 
 use super::cost::Traffic;
 use super::lang::{Meta, MetaGraph};
 use super::rules::{rewrites, RULES};
+use super::saturate;
 use crate::infer::AbsTensor;
 
 /// The leaves' types.
@@ -138,10 +140,7 @@ fn run(expr: &str) -> Outcome {
     }
     let e: RecExpr<Meta> = expr.parse().expect("the test expression parses");
     let root = eg.add_expr(&e);
-    let runner = Runner::default()
-        .with_egraph(eg)
-        .with_iter_limit(10)
-        .run(&rewrites());
+    let runner = saturate(eg, &rewrites(), 10_000, 10, Duration::from_secs(10));
     let eg = &runner.egraph;
     let (_, best) = Extractor::new(eg, Traffic { egraph: eg }).find_best(root);
     let fired = runner
@@ -153,6 +152,25 @@ fn run(expr: &str) -> Outcome {
         best: best.to_string(),
         fired,
     }
+}
+
+#[test]
+fn saturation_stops_at_its_time_limit() {
+    let mut eg = MetaGraph::default();
+    for (name, d, shape) in env() {
+        eg.analysis
+            .leaves
+            .insert(Symbol::from(name), AbsTensor::new(d, shape.to_vec(), false));
+    }
+    let e: RecExpr<Meta> = "(transpose (transpose x [1,0]) [1,0])".parse().unwrap();
+    eg.add_expr(&e);
+    let runner = saturate(eg, &rewrites(), 10_000, 10, Duration::ZERO);
+    assert!(
+        matches!(&runner.stop_reason, Some(egg::StopReason::Other(s)) if s == "time limit"),
+        "{:?}",
+        runner.stop_reason
+    );
+    assert!(runner.iterations.len() <= 1);
 }
 
 #[test]
