@@ -137,8 +137,12 @@ impl FreeVars {
 }
 
 pub fn free_variables(m: &Module) -> FreeVars {
+    free_variables_with(m, &owned_nodes(m))
+}
+
+/// [`free_variables`] given [`owned_nodes`].
+pub fn free_variables_with(m: &Module, owned: &[Vec<NodeId>]) -> FreeVars {
     let n = m.graphs.len();
-    let owned = owned_nodes(m);
     let mut of: Vec<Vec<NodeId>> = Vec::with_capacity(n);
     let mut refs: Vec<Vec<GraphId>> = Vec::with_capacity(n);
     for g in m.graph_ids() {
@@ -197,7 +201,11 @@ pub fn users(m: &Module) -> HashMap<NodeId, Vec<(NodeId, usize)>> {
 
 /// Graphs reachable from `roots` through graph constants, roots first.
 pub fn reachable_graphs(m: &Module, roots: &[GraphId]) -> Vec<GraphId> {
-    let owned = owned_nodes(m);
+    reachable_graphs_with(m, roots, &owned_nodes(m))
+}
+
+/// [`reachable_graphs`] given [`owned_nodes`].
+pub fn reachable_graphs_with(m: &Module, roots: &[GraphId], owned: &[Vec<NodeId>]) -> Vec<GraphId> {
     let mut seen: HashSet<GraphId> = HashSet::new();
     let mut order = Vec::new();
     let mut stack: Vec<GraphId> = roots.iter().rev().copied().collect();

@@ -36,7 +36,10 @@ mod unroll;
 
 use std::collections::{HashMap, HashSet};
 
-use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
+use crate::ir::analysis::{
+    free_variables, free_variables_with, graph_body_with, owned_nodes, reachable_graphs,
+    reachable_graphs_with, FreeVars,
+};
 use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
 
 /// Limits of the optimiser.
@@ -118,8 +121,8 @@ pub struct Stats {
 pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
     let mut stats = Stats::default();
     let t0 = std::time::Instant::now();
-    detach_dead(m, roots);
-    (stats.nodes_before, stats.graphs_before) = live_size(m, roots);
+    let mut snap = detach_dead_then_snapshot(m, roots);
+    (stats.nodes_before, stats.graphs_before) = snapshot_size(&snap);
     let budget = opts
         .node_budget
         .min(m.nodes.len() + (stats.nodes_before as f64 * opts.growth) as usize + 20_000);
@@ -127,7 +130,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
     let mut memo = specialize::Memo::default();
     for _ in 0..opts.max_rounds {
         stats.rounds += 1;
-        let (fv, graphs, bodies) = snapshot(m, roots);
+        let (fv, graphs, bodies) = snap;
         let recursive = recursive_graphs(m, &graphs, &bodies);
         let children = nested_children(m, &fv);
         let graphs_at_start = m.graphs.len();
@@ -154,7 +157,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
         }
         let changed = rw.changed;
         rw.apply_forwarding();
-        detach_dead(m, roots);
+        snap = detach_dead_then_snapshot(m, roots);
         if std::env::var_os("ADJOINT_OPT_DUMP").is_some() {
             eprintln!("{}", crate::ir::print::print_module(m, roots, None));
         }
@@ -175,24 +178,29 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
                 break;
             }
             typed_passes += 1;
-            if typed_pass(m, roots, opts, *entry, args, budget, &mut stats) == 0 {
+            if typed_pass(m, &snap, opts, *entry, args, budget, &mut stats) == 0 {
                 break;
             }
+            snap = detach_dead_then_snapshot(m, roots);
         }
     }
-    (stats.nodes_after, stats.graphs_after) = live_size(m, roots);
+    (stats.nodes_after, stats.graphs_after) = snapshot_size(&snap);
     stats
+}
+
+/// Live nodes and graphs of a snapshot (what [`live_size`] counts).
+fn snapshot_size((_, graphs, bodies): &Snapshot) -> (usize, usize) {
+    (bodies.values().map(Vec::len).sum(), graphs.len())
 }
 
 /// Free variables, the graphs reachable from `roots`, and their bodies:
 /// what a round reads (and must recompute after changing the module).
-#[allow(clippy::type_complexity)]
-fn snapshot(
-    m: &Module,
-    roots: &[GraphId],
-) -> (FreeVars, Vec<GraphId>, HashMap<GraphId, Vec<NodeId>>) {
-    let fv = free_variables(m);
-    let graphs = reachable_graphs(m, roots);
+type Snapshot = (FreeVars, Vec<GraphId>, HashMap<GraphId, Vec<NodeId>>);
+
+fn snapshot(m: &Module, roots: &[GraphId]) -> Snapshot {
+    let owned = owned_nodes(m);
+    let fv = free_variables_with(m, &owned);
+    let graphs = reachable_graphs_with(m, roots, &owned);
     let bodies = graphs
         .iter()
         .map(|g| (*g, graph_body_with(m, *g, &fv)))
@@ -202,9 +210,10 @@ fn snapshot(
 
 /// Runs inference on the module as it is and applies the typed rewrites;
 /// returns how many were made.
+#[allow(clippy::too_many_arguments)]
 fn typed_pass(
     m: &mut Module,
-    roots: &[GraphId],
+    (fv, graphs, bodies): &Snapshot,
     opts: &Options,
     entry: GraphId,
     args: &[crate::infer::AbsVal],
@@ -227,15 +236,14 @@ fn typed_pass(
             return 0;
         }
     };
-    let (fv, graphs, bodies) = snapshot(m, roots);
     let recursive = HashSet::new();
     let graphs_at_start = m.graphs.len();
     let mut memo = specialize::Memo::default();
     let mut rw = Rewriter {
         m,
         opts,
-        fv: &fv,
-        bodies: &bodies,
+        fv,
+        bodies,
         recursive: &recursive,
         children: HashMap::new(),
         fwd: HashMap::new(),
@@ -253,7 +261,7 @@ fn typed_pass(
             graphs.len()
         );
     }
-    for g in &graphs {
+    for g in graphs {
         // Inference's values of an escaped graph hold only for the calls
         // it saw; rewriting on them would specialise the graph for those.
         if types.is_escaped(*g) {
@@ -268,7 +276,6 @@ fn typed_pass(
     }
     let changed = rw.changed;
     rw.apply_forwarding();
-    detach_dead(m, roots);
     changed
 }
 
@@ -348,13 +355,15 @@ fn recursive_graphs(
 /// (they would otherwise still count as uses when free variables are
 /// computed), and the nodes of unreachable graphs.
 pub(crate) fn detach_dead(m: &mut Module, roots: &[GraphId]) {
-    for _ in 0..4 {
-        let fv = free_variables(m);
-        let mut live: HashSet<NodeId> = HashSet::new();
-        let reach: HashSet<GraphId> = reachable_graphs(m, roots).into_iter().collect();
-        for g in &reach {
-            live.extend(graph_body_with(m, *g, &fv));
-        }
+    detach_dead_then_snapshot(m, roots);
+}
+
+/// [`detach_dead`], returning the [`snapshot`] of the module it leaves
+/// (which its last pass, the one that found nothing dead, computed).
+fn detach_dead_then_snapshot(m: &mut Module, roots: &[GraphId]) -> Snapshot {
+    loop {
+        let (fv, graphs, bodies) = snapshot(m, roots);
+        let live: HashSet<NodeId> = bodies.values().flatten().copied().collect();
         let mut removed = 0;
         for i in 0..m.nodes.len() {
             let node = &m.nodes[i];
@@ -370,7 +379,7 @@ pub(crate) fn detach_dead(m: &mut Module, roots: &[GraphId]) {
             }
         }
         if removed == 0 {
-            break;
+            return (fv, graphs, bodies);
         }
     }
 }
