@@ -205,7 +205,12 @@ fn main() {
     assert_fails(
         &r,
         "5.260621290029205e-20\n",
-        &["tape of this loop exceeds 10000 values", "long.adj:"],
+        // The excerpt shows the loop's first line.
+        &[
+            "tape of this loop exceeds 10000 values",
+            "long.adj:3:5",
+            "3 │     for i in 0..n {",
+        ],
     );
 }
 

@@ -184,11 +184,16 @@ pub fn render(diags: &[Diagnostic], sources: &SourceMap, color: bool) -> String 
     out
 }
 
-/// Clamps a span to char boundaries inside its file's text.
+/// Clamps a span to char boundaries inside its file's text, and to the
+/// line it starts on: a label over several lines (a whole loop, say) would
+/// show as an empty excerpt, its first line is the one that says where.
 fn sanitize(span: Span, sources: &SourceMap) -> Option<(FileId, std::ops::Range<usize>)> {
     let file = sources.get(span.file)?;
     let lo = floor_char_boundary(&file.text, span.lo as usize);
-    let hi = floor_char_boundary(&file.text, span.hi as usize).max(lo);
+    let mut hi = floor_char_boundary(&file.text, span.hi as usize).max(lo);
+    if let Some(eol) = file.text[lo..hi].find('\n') {
+        hi = lo + eol;
+    }
     Some((span.file, lo..hi))
 }
 
@@ -288,6 +293,23 @@ mod tests {
         assert!(long.contains("x +"), "{long}");
         assert!(long.contains("a note"), "{long}");
         assert!(!long.contains('\x1b'), "{long}");
+    }
+
+    /// A span over several lines (a loop) shows its first line.
+    #[test]
+    fn a_span_over_lines_shows_its_first() {
+        let mut sm = SourceMap::new();
+        let text = "fn f(n) {\n    for i in 0..n {\n        g(i);\n    }\n}\n";
+        let f = sm.add_file("m.adj", text);
+        let lo = text.find("for").unwrap() as u32;
+        let hi = text.rfind("    }").unwrap() as u32 + 5;
+        let long = render(
+            &[Diagnostic::error("too long", Span::new(f, lo, hi))],
+            &sm,
+            false,
+        );
+        assert!(long.contains("m.adj:2:5"), "{long}");
+        assert!(long.contains("2 │     for i in 0..n {"), "{long}");
     }
 
     #[test]
