@@ -65,8 +65,8 @@ enum Command {
         /// matrix products on the first NVIDIA GPU.
         #[arg(long, value_enum, default_value = "cpu")]
         device: DeviceArg,
-        /// Print compile and run times, peak heap memory and kernel counts
-        /// to stderr after the run.
+        /// Print compile and run times, peak heap memory, kernel and closure
+        /// counts to stderr after the run.
         #[arg(long)]
         stats: bool,
         /// Where `plot(..)` draws: a PNG file. Without it, `plot` draws

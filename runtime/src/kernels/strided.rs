@@ -193,6 +193,9 @@ impl<const N: usize> Rows<N> {
 /// The elements of `src` read at the positions of `shape` under `strides`,
 /// in row-major order (what `gather(src, offsets(shape, strides))` gives).
 pub fn gather_strided<T: Copy>(src: &[T], shape: &[usize], strides: &[usize]) -> Vec<T> {
+    if let Some(out) = transpose_tiles(src, shape, strides) {
+        return out;
+    }
     let rows = Rows::new(shape, [strides]);
     let mut out = Vec::with_capacity(crate::shape::size(shape));
     let (len, [step]) = (rows.len, rows.step);
@@ -202,6 +205,54 @@ pub fn gather_strided<T: Copy>(src: &[T], shape: &[usize], strides: &[usize]) ->
         _ => out.extend((0..len).map(|j| src[o + j * step])),
     });
     out
+}
+
+/// Side of the square tiles [`transpose_tiles`] copies.
+const TILE: usize = 16;
+
+/// [`gather_strided`] for a transpose of the last two axes (`mT`, the
+/// transposes of matrix products' operands): the elements of each matrix
+/// read from a `cols × rows` source, in square tiles, so that the strided
+/// reads of a tile share cache lines. `None` for any other layout.
+fn transpose_tiles<T: Copy>(src: &[T], shape: &[usize], strides: &[usize]) -> Option<Vec<T>> {
+    let r = shape.len();
+    if r < 2 {
+        return None;
+    }
+    let (rows, cols) = (shape[r - 2], shape[r - 1]);
+    if strides[r - 2] != 1 || strides[r - 1] != rows || rows < 4 || cols < 4 {
+        return None;
+    }
+    let n = crate::shape::size(shape);
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    let dst = &mut out.spare_capacity_mut()[..n];
+    // The matrices, in row-major order of the leading axes.
+    let lead = &shape[..r - 2];
+    let mut index = vec![0usize; lead.len()];
+    for m in 0..n / (rows * cols) {
+        let base: usize = index.iter().zip(strides).map(|(i, s)| i * s).sum();
+        let d = &mut dst[m * rows * cols..(m + 1) * rows * cols];
+        for i0 in (0..rows).step_by(TILE) {
+            for j0 in (0..cols).step_by(TILE) {
+                for i in i0..(i0 + TILE).min(rows) {
+                    for j in j0..(j0 + TILE).min(cols) {
+                        d[i * cols + j].write(src[base + j * rows + i]);
+                    }
+                }
+            }
+        }
+        for k in (0..lead.len()).rev() {
+            index[k] += 1;
+            if index[k] < lead[k] {
+                break;
+            }
+            index[k] = 0;
+        }
+    }
+    // SAFETY: the loops above wrote all `n` elements (every matrix, every
+    // row and column of it).
+    unsafe { out.set_len(n) };
+    Some(out)
 }
 
 /// A tensor of `shape` whose elements are `x`'s read under `strides` (same
@@ -311,6 +362,38 @@ pub fn zip_broadcast<A: Copy, B: Copy, R>(
 
 #[cfg(test)]
 mod tests {
+    /// Transposes of the last two axes, copied by tiles, equal the
+    /// element-by-element gather, for sizes around the tile's.
+    #[test]
+    fn tiled_transposes_equal_the_plain_gather() {
+        for (b, rows, cols) in [
+            (1, 16, 16),
+            (3, 17, 40),
+            (2, 100, 31),
+            (25, 10, 1000),
+            (1, 33, 16),
+            (2, 4, 5),
+            (1, 3, 50),
+        ] {
+            let src: Vec<u32> = (0..(b * rows * cols) as u32).collect();
+            // `src` is b × cols × rows; its transpose is b × rows × cols.
+            let shape = [b, rows, cols];
+            let strides = [rows * cols, 1, rows];
+            let want: Vec<u32> = (0..b)
+                .flat_map(|m| {
+                    (0..rows).flat_map(move |i| {
+                        (0..cols).map(move |j| (m * rows * cols + j * rows + i) as u32)
+                    })
+                })
+                .collect();
+            assert_eq!(
+                super::gather_strided(&src, &shape, &strides),
+                want,
+                "{shape:?}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]
