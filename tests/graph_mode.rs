@@ -643,3 +643,69 @@ fn main() {
     assert_eq!(growths("counted"), 0);
     assert!(growths("open_ended") > 0);
 }
+
+/// Loops that divide integers (`/` rounds toward zero, `%` keeps the
+/// dividend's sign, `MIN / -1` wraps) compile to native code and give
+/// eager mode's values; a division by zero inside one stops the run with
+/// eager mode's message, at the loop.
+#[test]
+fn integer_division_in_native_loops() {
+    const SRC: &str = "\
+fn collatz(n) {
+    let mut x = n;
+    let mut steps = 0;
+    while x != 1 {
+        x = if x % 2 == 0 { x / 2 } else { 3 * x + 1 };
+        steps += 1;
+    }
+    steps
+}
+fn mix(a, b, n) {
+    let mut s = 0;
+    for i in 0..n {
+        s = s + (a - i) / b + (a - 3 * i) % b + (-9223372036854775807 - 1) / (i - i - 1) % 7;
+    }
+    s
+}
+fn divide_down(x, n) {
+    let mut s = 0;
+    for i in 0..n {
+        s = s + x / (n - 1 - i);
+    }
+    s
+}
+fn main() {
+    let n = 50 + i64(sum(rand([3], seed = 1)));
+    print(collatz(27), collatz(n + 47));
+    print(mix(100, 7, n), mix(-100, -7, n), mix(5, -3, n));
+    print(divide_down(10, n));
+}
+";
+    let s = Session::new(Mode::Graph)
+        .load_source("div.adj", SRC)
+        .unwrap();
+    let kernels = s.emit_kernels("main").unwrap();
+    for f in ["@collatz.while", "@mix.for", "@divide_down.for"] {
+        assert!(kernels.contains(f), "{f} not native:\n{kernels}");
+    }
+    let outputs = |mode: Mode| {
+        let s = Session::new(mode).load_source("div.adj", SRC).unwrap();
+        let mut out = Vec::new();
+        let err = s.run_main(&mut out).unwrap_err();
+        (String::from_utf8(out).unwrap(), err)
+    };
+    let (graph, graph_err) = outputs(Mode::Graph);
+    let (eager, eager_err) = outputs(Mode::Eager);
+    assert_eq!(graph, eager);
+    assert_eq!(graph.lines().count(), 2, "{graph}");
+    for e in [&graph_err, &eager_err] {
+        assert!(
+            e.summary().contains("div: integer division by zero"),
+            "{}",
+            e.render(false)
+        );
+    }
+    // Graph mode points at the loop, eager mode at the division.
+    assert_eq!(graph_err.location().map(|l| l.1), Some(19));
+    assert_eq!(eager_err.location().map(|l| l.1), Some(20));
+}

@@ -343,7 +343,9 @@ impl SBinary {
     /// Whether operands of type `t` are allowed.
     pub fn accepts(self, t: SType) -> bool {
         match self {
-            SBinary::Div | SBinary::Pow | SBinary::Rem => t.is_float(),
+            // Integer division by zero is a fault the program reports.
+            SBinary::Div | SBinary::Rem => t != SType::Bool,
+            SBinary::Pow => t.is_float(),
             SBinary::Add | SBinary::Sub | SBinary::Mul | SBinary::Maximum | SBinary::Minimum => {
                 t != SType::Bool
             }
@@ -609,6 +611,18 @@ impl ScalarProgram {
     }
 
     /// Whether some function pushes to or pops from the tape.
+    /// Whether the program divides integers: a division by zero stops it
+    /// with a fault ([`ScalarProgram::eval`] gives `None`).
+    pub fn may_fault(&self) -> bool {
+        self.funcs.iter().any(|f| {
+            let tys = f.value_types();
+            f.body.iter().any(|i| {
+                matches!(i.op, SOp::Binary(SBinary::Div | SBinary::Rem, a, _)
+                    if tys[a.0 as usize] == SType::I64)
+            })
+        })
+    }
+
     pub fn uses_tape(&self) -> bool {
         self.funcs.iter().any(|f| {
             f.body
@@ -737,7 +751,7 @@ impl ScalarProgram {
     }
 
     /// [`ScalarProgram::eval`] with the tape `tape` (`None` also when a
-    /// pop finds too few values).
+    /// pop finds too few values or an integer is divided by zero).
     pub fn eval_with_tape(
         &self,
         args: &[Scalar],
@@ -765,6 +779,9 @@ impl ScalarProgram {
                 let out = match &inst.op {
                     SOp::Const(c) => vec![*c],
                     SOp::Unary(op, x) => vec![op.eval(v(x))],
+                    SOp::Binary(SBinary::Div | SBinary::Rem, _, b) if v(b) == Scalar::I64(0) => {
+                        return None
+                    }
                     SOp::Binary(op, a, b) => vec![op.eval(v(a), v(b))],
                     SOp::Cast(x) => vec![v(x).cast(inst.results[0])],
                     SOp::Select(c, a, b) => {
@@ -1165,9 +1182,17 @@ pub(crate) mod tests {
             p.validate().unwrap();
             let native = compile_scalar(&p).unwrap();
             let args = [Scalar::F64(x), Scalar::F32(y), Scalar::I64(k), Scalar::Bool(c), Scalar::I64(0)];
-            let want = p.eval(&args, 100).unwrap();
-            let got = native.call(&args).unwrap();
-            prop_assert!(same(&got, &want), "{got:?} != {want:?} for {p:#?}");
+            match p.eval(&args, 100) {
+                Some(want) => {
+                    let got = native.call(&args).unwrap();
+                    prop_assert!(same(&got, &want), "{got:?} != {want:?} for {p:#?}");
+                }
+                // An integer division by zero: the native run stops too.
+                None => {
+                    let err = native.call(&args).unwrap_err();
+                    prop_assert!(err.contains("integer division by zero"), "{err} for {p:#?}");
+                }
+            }
         }
     }
 }

@@ -53,6 +53,9 @@ pub(crate) struct TapeBuf {
 
 const TAPE_UNDERFLOW: u64 = 1;
 const TAPE_FULL: u64 = 2;
+/// An integer `div` or `rem` by zero.
+const DIV_BY_ZERO: u64 = 3;
+const REM_BY_ZERO: u64 = 4;
 /// The most values a tape holds by default (8 GiB): beyond it a run
 /// stops with an error instead of exhausting memory.
 const MAX_TAPE_SLOTS: u64 = 1 << 30;
@@ -213,6 +216,8 @@ impl CompiledScalar {
                     max_tape_slots()
                 ))
             }
+            DIV_BY_ZERO => return Err("div: integer division by zero".into()),
+            REM_BY_ZERO => return Err("rem: integer division by zero".into()),
             _ => return Err("internal error: a scalar program popped an empty tape".into()),
         }
         Ok(entry
@@ -367,6 +372,10 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
     if uses_tape {
         builder.symbol("adj_scalar_tape_grow", tape_grow as *const u8);
     }
+    // A program that may fault gets the tape pointer too, for the fault
+    // code, and checks it after each call.
+    let may_fault = program.may_fault();
+    let has_ctx = uses_tape || may_fault;
     let mut module = JITModule::new(builder);
     let ptr = module.target_config().pointer_type();
     let err = |e: &dyn std::fmt::Display| CodegenError::Backend(e.to_string());
@@ -376,7 +385,7 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
     for (i, f) in program.funcs.iter().enumerate() {
         let mut sig = module.make_signature();
         sig.call_conv = CallConv::Tail;
-        if uses_tape {
+        if has_ctx {
             sig.params.push(AbiParam::new(ptr));
         }
         sig.params
@@ -441,7 +450,7 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
             b.switch_to_block(entry);
             let mut vals: Vec<Value> = b.block_params(entry).to_vec();
             // The tape pointer, passed on to every call.
-            let tp: Option<Value> = uses_tape.then(|| vals.remove(0));
+            let tp: Option<Value> = has_ctx.then(|| vals.remove(0));
             // The loop header: tail calls of the function itself jump here.
             let header = b.create_block();
             for t in &f.params {
@@ -483,6 +492,42 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                         };
                         vec![r]
                     }
+                    SOp::Binary(op @ (SBinary::Div | SBinary::Rem), x, y)
+                        if ty(x) == SType::I64 =>
+                    {
+                        // Zero stops the program with a fault; -1 is
+                        // handled apart (`MIN / -1` wraps, as in the
+                        // runtime, where the machine would trap).
+                        let tp = tp.expect("programs that may fault have the pointer");
+                        let flags = MemFlagsData::new().with_notrap().with_aligned();
+                        let (fault_blk, ok_blk) = (b.create_block(), b.create_block());
+                        b.set_cold_block(fault_blk);
+                        let zero = b.ins().icmp_imm_s(IntCC::Equal, v(y), 0);
+                        b.ins().brif(zero, fault_blk, &[], ok_blk, &[]);
+                        b.switch_to_block(fault_blk);
+                        let code = if *op == SBinary::Div {
+                            DIV_BY_ZERO
+                        } else {
+                            REM_BY_ZERO
+                        };
+                        let code = b.ins().iconst(types::I64, code as i64);
+                        b.ins().store(flags, code, tp, 24);
+                        b.ins().jump(stop, &[]);
+                        b.switch_to_block(ok_blk);
+                        let minus_one = b.ins().icmp_imm_s(IntCC::Equal, v(y), -1);
+                        let one = b.ins().iconst(types::I64, 1);
+                        let d = b.ins().select(minus_one, one, v(y));
+                        let r = if *op == SBinary::Div {
+                            let q = b.ins().sdiv(v(x), d);
+                            let n = b.ins().ineg(v(x));
+                            b.ins().select(minus_one, n, q)
+                        } else {
+                            let r = b.ins().srem(v(x), d);
+                            let z = b.ins().iconst(types::I64, 0);
+                            b.ins().select(minus_one, z, r)
+                        };
+                        vec![r]
+                    }
                     SOp::Binary(op, x, y) => {
                         let t = ty(x);
                         let r = match calls.get(&Import::Binary(*op, t)) {
@@ -499,7 +544,11 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                     SOp::Call(c) => {
                         let args = with_tape(c.args.iter().map(v).collect());
                         let call = b.ins().call(funcs[c.func.0 as usize], &args);
-                        b.inst_results(call).to_vec()
+                        let rs = b.inst_results(call).to_vec();
+                        if may_fault {
+                            stop_on_fault(&mut b, tp, stop);
+                        }
+                        rs
                     }
                     SOp::Push(xs) => {
                         let tp = tp.expect("tape programs have the tape pointer");
@@ -572,7 +621,11 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                             b.ins().jump(join, &rs);
                         }
                         b.switch_to_block(join);
-                        b.block_params(join).to_vec()
+                        let rs = b.block_params(join).to_vec();
+                        if may_fault {
+                            stop_on_fault(&mut b, tp, stop);
+                        }
+                        rs
                     }
                 };
                 vals.extend(out);
@@ -636,7 +689,7 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
             .enumerate()
             .map(|(k, t)| b.ins().load(clif_type(*t), flags, args, (8 * k) as i32))
             .collect();
-        if uses_tape {
+        if has_ctx {
             params.insert(0, tape);
         }
         let call = b.ins().call(entry_ref, &params);
@@ -666,6 +719,17 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
         compile_time: t0.elapsed(),
         _code: Code(Some(module)),
     })
+}
+
+/// Jumps to `stop` when a callee left a fault code: the caller of a call
+/// that faulted returns at once too.
+fn stop_on_fault(b: &mut FunctionBuilder, tp: Option<Value>, stop: cranelift_codegen::ir::Block) {
+    let tp = tp.expect("programs that may fault have the pointer");
+    let flags = MemFlagsData::new().with_notrap().with_aligned();
+    let fault = b.ins().load(types::I64, flags, tp, 24);
+    let go = b.create_block();
+    b.ins().brif(fault, stop, &[], go, &[]);
+    b.switch_to_block(go);
 }
 
 /// A value as the 8 bytes of its tape slot ([`Scalar::to_bits`]).
