@@ -645,11 +645,12 @@ fn main() {
 }
 
 /// Loops that divide integers (`/` rounds toward zero, `%` keeps the
-/// dividend's sign, `MIN / -1` wraps) compile to native code and give
-/// eager mode's values; a division by zero inside one stops the run with
-/// eager mode's message, at the loop.
+/// dividend's sign, `MIN / -1` wraps) or raise them to powers (wrapping)
+/// compile to native code and give eager mode's values; a division by
+/// zero or a negative exponent inside one stops the run with eager mode's
+/// message, at the loop.
 #[test]
-fn integer_division_in_native_loops() {
+fn integer_division_and_powers_in_native_loops() {
     const SRC: &str = "\
 fn collatz(n) {
     let mut x = n;
@@ -674,10 +675,18 @@ fn divide_down(x, n) {
     }
     s
 }
+fn powers(n) {
+    let mut s = 0;
+    for i in 0..n {
+        s = s + i ** 2 - (i - 7) ** 3 + 3 ** (i % 70);
+    }
+    s
+}
 fn main() {
     let n = 50 + i64(sum(rand([3], seed = 1)));
     print(collatz(27), collatz(n + 47));
     print(mix(100, 7, n), mix(-100, -7, n), mix(5, -3, n));
+    print(powers(n), powers(3 * n));
     print(divide_down(10, n));
 }
 ";
@@ -685,7 +694,12 @@ fn main() {
         .load_source("div.adj", SRC)
         .unwrap();
     let kernels = s.emit_kernels("main").unwrap();
-    for f in ["@collatz.while", "@mix.for", "@divide_down.for"] {
+    for f in [
+        "@collatz.while",
+        "@mix.for",
+        "@divide_down.for",
+        "@powers.for",
+    ] {
         assert!(kernels.contains(f), "{f} not native:\n{kernels}");
     }
     let outputs = |mode: Mode| {
@@ -697,7 +711,7 @@ fn main() {
     let (graph, graph_err) = outputs(Mode::Graph);
     let (eager, eager_err) = outputs(Mode::Eager);
     assert_eq!(graph, eager);
-    assert_eq!(graph.lines().count(), 2, "{graph}");
+    assert_eq!(graph.lines().count(), 3, "{graph}");
     for e in [&graph_err, &eager_err] {
         assert!(
             e.summary().contains("div: integer division by zero"),
@@ -708,4 +722,21 @@ fn main() {
     // Graph mode points at the loop, eager mode at the division.
     assert_eq!(graph_err.location().map(|l| l.1), Some(19));
     assert_eq!(eager_err.location().map(|l| l.1), Some(20));
+    // A negative exponent in a native loop, with its value in the message.
+    let src = SRC.replace("print(divide_down(10, n));", "print(down(n));")
+        + "fn down(n) {\n    let mut s = 0;\n    for i in 0..n {\n        s = s + 2 ** (n - 11 - i);\n    }\n    s\n}\n";
+    for mode in [Mode::Graph, Mode::Eager] {
+        let s = Session::new(mode).load_source("pow.adj", &src).unwrap();
+        if mode == Mode::Graph {
+            let kernels = s.emit_kernels("main").unwrap();
+            assert!(kernels.contains("@down.for"), "{kernels}");
+        }
+        let err = s.run_main(&mut Vec::new()).unwrap_err();
+        assert!(
+            err.summary()
+                .contains("pow: negative exponent -1 for an integer power"),
+            "{}",
+            err.render(false)
+        );
+    }
 }

@@ -343,9 +343,9 @@ impl SBinary {
     /// Whether operands of type `t` are allowed.
     pub fn accepts(self, t: SType) -> bool {
         match self {
-            // Integer division by zero is a fault the program reports.
-            SBinary::Div | SBinary::Rem => t != SType::Bool,
-            SBinary::Pow => t.is_float(),
+            // Integer division by zero and integer powers with negative
+            // exponents are faults the program reports.
+            SBinary::Div | SBinary::Rem | SBinary::Pow => t != SType::Bool,
             SBinary::Add | SBinary::Sub | SBinary::Mul | SBinary::Maximum | SBinary::Minimum => {
                 t != SType::Bool
             }
@@ -610,19 +610,20 @@ impl ScalarProgram {
         out
     }
 
-    /// Whether some function pushes to or pops from the tape.
-    /// Whether the program divides integers: a division by zero stops it
-    /// with a fault ([`ScalarProgram::eval`] gives `None`).
+    /// Whether the program divides or raises integers: a division by zero
+    /// or a negative exponent stops it with a fault
+    /// ([`ScalarProgram::eval`] gives `None`).
     pub fn may_fault(&self) -> bool {
         self.funcs.iter().any(|f| {
             let tys = f.value_types();
             f.body.iter().any(|i| {
-                matches!(i.op, SOp::Binary(SBinary::Div | SBinary::Rem, a, _)
+                matches!(i.op, SOp::Binary(SBinary::Div | SBinary::Rem | SBinary::Pow, a, _)
                     if tys[a.0 as usize] == SType::I64)
             })
         })
     }
 
+    /// Whether some function pushes to or pops from the tape.
     pub fn uses_tape(&self) -> bool {
         self.funcs.iter().any(|f| {
             f.body
@@ -751,7 +752,8 @@ impl ScalarProgram {
     }
 
     /// [`ScalarProgram::eval`] with the tape `tape` (`None` also when a
-    /// pop finds too few values or an integer is divided by zero).
+    /// pop finds too few values, an integer is divided by zero or raised
+    /// to a negative power).
     pub fn eval_with_tape(
         &self,
         args: &[Scalar],
@@ -780,6 +782,9 @@ impl ScalarProgram {
                     SOp::Const(c) => vec![*c],
                     SOp::Unary(op, x) => vec![op.eval(v(x))],
                     SOp::Binary(SBinary::Div | SBinary::Rem, _, b) if v(b) == Scalar::I64(0) => {
+                        return None
+                    }
+                    SOp::Binary(SBinary::Pow, _, b) if matches!(v(b), Scalar::I64(e) if e < 0) => {
                         return None
                     }
                     SOp::Binary(op, a, b) => vec![op.eval(v(a), v(b))],

@@ -48,6 +48,7 @@ shims! {
     abs_i64: fn(x) -> i64 = <i64 as Num>::abs;
     pow_f32: fn(x, y) -> f32 = <f32 as Num>::pow;
     pow_f64: fn(x, y) -> f64 = <f64 as Num>::pow;
+    pow_i64: fn(x, y) -> i64 = <i64 as Num>::pow;
     rem_f32: fn(x, y) -> f32 = <f32 as Num>::rem;
     rem_f64: fn(x, y) -> f64 = <f64 as Num>::rem;
     max_f32: fn(x, y) -> f32 = <f32 as Num>::maximum;

@@ -47,8 +47,10 @@ pub(crate) struct TapeBuf {
     ptr: *mut u64,
     len: usize,
     cap: usize,
-    /// 0, or [`TAPE_UNDERFLOW`] or [`TAPE_FULL`].
+    /// 0, or one of the fault codes below.
     fault: u64,
+    /// What the fault needs to be described (a negative exponent).
+    detail: u64,
 }
 
 const TAPE_UNDERFLOW: u64 = 1;
@@ -56,6 +58,8 @@ const TAPE_FULL: u64 = 2;
 /// An integer `div` or `rem` by zero.
 const DIV_BY_ZERO: u64 = 3;
 const REM_BY_ZERO: u64 = 4;
+/// An integer `pow` with a negative exponent (in `detail`).
+const NEGATIVE_POWER: u64 = 5;
 /// The most values a tape holds by default (8 GiB): beyond it a run
 /// stops with an error instead of exhausting memory.
 const MAX_TAPE_SLOTS: u64 = 1 << 30;
@@ -149,6 +153,7 @@ impl CompiledScalar {
             len: v.len(),
             cap: v.capacity(),
             fault: 0,
+            detail: 0,
         };
         // SAFETY: `buf` is a live Vec's parts, which native code keeps
         // valid (it grows the Vec only through `tape_grow`, and never pops
@@ -169,6 +174,7 @@ impl CompiledScalar {
             len: tape.len(),
             cap: tape.len(),
             fault: 0,
+            detail: 0,
         };
         // SAFETY: a program without pushes only reads the tape (and
         // lowers `len`), so the borrowed slice is never written or grown.
@@ -218,6 +224,12 @@ impl CompiledScalar {
             }
             DIV_BY_ZERO => return Err("div: integer division by zero".into()),
             REM_BY_ZERO => return Err("rem: integer division by zero".into()),
+            NEGATIVE_POWER => {
+                return Err(format!(
+                    "pow: negative exponent {} for an integer power; use a float base",
+                    buf.detail as i64
+                ))
+            }
             _ => return Err("internal error: a scalar program popped an empty tape".into()),
         }
         Ok(entry
@@ -283,6 +295,10 @@ fn unary_call(op: SUnary, t: SType) -> Option<(&'static str, *const u8)> {
 
 fn binary_call(op: SBinary, t: SType) -> Option<(&'static str, *const u8)> {
     let f32 = t == SType::F32;
+    if t == SType::I64 && op == SBinary::Pow {
+        // Called once the exponent is known to be non-negative.
+        return Some(("adjoint_scalar_pow_i64", pow_i64 as *const u8));
+    }
     if !t.is_float() {
         return None;
     }
@@ -491,6 +507,25 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                             None => unary_inline(&mut b, *op, t, v(x)),
                         };
                         vec![r]
+                    }
+                    SOp::Binary(SBinary::Pow, x, y) if ty(x) == SType::I64 => {
+                        // A negative exponent stops the program with a
+                        // fault; the others call the runtime's power.
+                        let tp = tp.expect("programs that may fault have the pointer");
+                        let flags = MemFlagsData::new().with_notrap().with_aligned();
+                        let (fault_blk, ok_blk) = (b.create_block(), b.create_block());
+                        b.set_cold_block(fault_blk);
+                        let neg = b.ins().icmp_imm_s(IntCC::SignedLessThan, v(y), 0);
+                        b.ins().brif(neg, fault_blk, &[], ok_blk, &[]);
+                        b.switch_to_block(fault_blk);
+                        let code = b.ins().iconst(types::I64, NEGATIVE_POWER as i64);
+                        b.ins().store(flags, code, tp, 24);
+                        b.ins().store(flags, v(y), tp, 32);
+                        b.ins().jump(stop, &[]);
+                        b.switch_to_block(ok_blk);
+                        let fr = calls[&Import::Binary(SBinary::Pow, SType::I64)];
+                        let call = b.ins().call(fr, &[v(x), v(y)]);
+                        vec![b.inst_results(call)[0]]
                     }
                     SOp::Binary(op @ (SBinary::Div | SBinary::Rem), x, y)
                         if ty(x) == SType::I64 =>
