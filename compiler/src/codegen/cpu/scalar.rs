@@ -512,17 +512,8 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                         // A negative exponent stops the program with a
                         // fault; the others call the runtime's power.
                         let tp = tp.expect("programs that may fault have the pointer");
-                        let flags = MemFlagsData::new().with_notrap().with_aligned();
-                        let (fault_blk, ok_blk) = (b.create_block(), b.create_block());
-                        b.set_cold_block(fault_blk);
                         let neg = b.ins().icmp_imm_s(IntCC::SignedLessThan, v(y), 0);
-                        b.ins().brif(neg, fault_blk, &[], ok_blk, &[]);
-                        b.switch_to_block(fault_blk);
-                        let code = b.ins().iconst(types::I64, NEGATIVE_POWER as i64);
-                        b.ins().store(flags, code, tp, 24);
-                        b.ins().store(flags, v(y), tp, 32);
-                        b.ins().jump(stop, &[]);
-                        b.switch_to_block(ok_blk);
+                        fault_if(&mut b, neg, tp, NEGATIVE_POWER, Some(v(y)), stop);
                         let fr = calls[&Import::Binary(SBinary::Pow, SType::I64)];
                         let call = b.ins().call(fr, &[v(x), v(y)]);
                         vec![b.inst_results(call)[0]]
@@ -534,21 +525,13 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                         // handled apart (`MIN / -1` wraps, as in the
                         // runtime, where the machine would trap).
                         let tp = tp.expect("programs that may fault have the pointer");
-                        let flags = MemFlagsData::new().with_notrap().with_aligned();
-                        let (fault_blk, ok_blk) = (b.create_block(), b.create_block());
-                        b.set_cold_block(fault_blk);
                         let zero = b.ins().icmp_imm_s(IntCC::Equal, v(y), 0);
-                        b.ins().brif(zero, fault_blk, &[], ok_blk, &[]);
-                        b.switch_to_block(fault_blk);
                         let code = if *op == SBinary::Div {
                             DIV_BY_ZERO
                         } else {
                             REM_BY_ZERO
                         };
-                        let code = b.ins().iconst(types::I64, code as i64);
-                        b.ins().store(flags, code, tp, 24);
-                        b.ins().jump(stop, &[]);
-                        b.switch_to_block(ok_blk);
+                        fault_if(&mut b, zero, tp, code, None, stop);
                         let minus_one = b.ins().icmp_imm_s(IntCC::Equal, v(y), -1);
                         let one = b.ins().iconst(types::I64, 1);
                         let d = b.ins().select(minus_one, one, v(y));
@@ -619,14 +602,7 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                         let n = inst.results.len() as i64;
                         let len = b.ins().load(types::I64, flags, tp, 8);
                         let under = b.ins().icmp_imm_s(IntCC::UnsignedLessThan, len, n);
-                        let (fault_blk, load_blk) = (b.create_block(), b.create_block());
-                        b.set_cold_block(fault_blk);
-                        b.ins().brif(under, fault_blk, &[], load_blk, &[]);
-                        b.switch_to_block(fault_blk);
-                        let code = b.ins().iconst(types::I64, TAPE_UNDERFLOW as i64);
-                        b.ins().store(flags, code, tp, 24);
-                        b.ins().jump(stop, &[]);
-                        b.switch_to_block(load_blk);
+                        fault_if(&mut b, under, tp, TAPE_UNDERFLOW, None, stop);
                         let rest = b.ins().iadd_imm_s(len, -n);
                         b.ins().store(flags, rest, tp, 8);
                         let base = b.ins().load(ptr, flags, tp, 0);
@@ -754,6 +730,30 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
         compile_time: t0.elapsed(),
         _code: Code(Some(module)),
     })
+}
+
+/// Stops the function (at `stop`) with fault `code`, and `detail` when
+/// there is one, if `cond` holds; code emitted next runs when it does not.
+fn fault_if(
+    b: &mut FunctionBuilder,
+    cond: Value,
+    tp: Value,
+    code: u64,
+    detail: Option<Value>,
+    stop: cranelift_codegen::ir::Block,
+) {
+    let flags = MemFlagsData::new().with_notrap().with_aligned();
+    let (fault_blk, ok_blk) = (b.create_block(), b.create_block());
+    b.set_cold_block(fault_blk);
+    b.ins().brif(cond, fault_blk, &[], ok_blk, &[]);
+    b.switch_to_block(fault_blk);
+    let c = b.ins().iconst(types::I64, code as i64);
+    b.ins().store(flags, c, tp, 24);
+    if let Some(d) = detail {
+        b.ins().store(flags, d, tp, 32);
+    }
+    b.ins().jump(stop, &[]);
+    b.switch_to_block(ok_blk);
 }
 
 /// Jumps to `stop` when a callee left a fault code: the caller of a call
