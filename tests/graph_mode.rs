@@ -601,8 +601,8 @@ fn main() {
 
 /// Reverse mode's tape is made long enough from the start when the loop
 /// counts up to a bound known at the call (`for i in 0..n`, `n` computed
-/// at run time): the recording loop never grows it. A loop whose end depends on its data
-/// starts small and grows.
+/// at run time): the recording loop never grows it. A loop whose end
+/// depends on its data starts small and grows.
 #[test]
 fn a_counting_loop_sizes_its_tape_from_its_trip_count() {
     const SRC: &str = "\

@@ -92,24 +92,38 @@ pub fn compile(m: &Module, roots: &[GraphId]) -> Result<Executable, ExecError> {
 
 /// Compiles for graph mode, with the groups of a fusion plan run as native
 /// kernels and graphs that are only called lambda-lifted (unless the
-/// program differentiates function values at run time, which reads
-/// closures' captures).
+/// program differentiates function values at run time).
 pub fn compile_with(
     m: &Module,
     roots: &[GraphId],
     plan: Option<&crate::fuse::Plan>,
 ) -> Result<Executable, ExecError> {
-    compile_graphs(m, roots, plan, !uses_dynamic_ad(m, roots))
+    compile_graphs(m, roots, plan, true)
 }
 
 /// Whether code reachable from `roots` differentiates function values at
 /// run time.
 pub(crate) fn uses_dynamic_ad(m: &Module, roots: &[GraphId]) -> bool {
-    let reach: HashSet<GraphId> = reachable_graphs(m, roots).into_iter().collect();
+    !dynamic_ad_ops(m, &reachable_graphs(m, roots)).is_empty()
+}
+
+/// The run-time transforms (`ad_lift`, `ad_dyn`) in `graphs`, with
+/// whether each is nested inside differentiated code (its nesting code is
+/// not the constant 0).
+pub(crate) fn dynamic_ad_ops(m: &Module, graphs: &[GraphId]) -> Vec<bool> {
+    let graphs: HashSet<GraphId> = graphs.iter().copied().collect();
     (0..m.nodes.len())
         .map(|i| NodeId(i as u32))
-        .filter(|n| m.node(*n).graph.is_some_and(|g| reach.contains(&g)))
-        .any(|n| matches!(m.applied_prim(n), Some(Prim::AdDyn | Prim::AdLift)))
+        .filter(|n| m.node(*n).graph.is_some_and(|g| graphs.contains(&g)))
+        .filter_map(|n| {
+            let wrap = match m.applied_prim(n)? {
+                Prim::AdDyn => m.inputs(n).get(4),
+                Prim::AdLift => m.inputs(n).get(3),
+                _ => return None,
+            };
+            Some(wrap.and_then(|w| m.as_const(*w)) != Some(&Const::Int(0)))
+        })
+        .collect()
 }
 
 fn compile_graphs(
@@ -120,8 +134,11 @@ fn compile_graphs(
 ) -> Result<Executable, ExecError> {
     let graphs = reachable_graphs(m, roots);
     let fv = free_variables(m);
-    let lifted = if lift {
-        lifted_graphs(m, &graphs, roots, &fv, plan)
+    let bodies: Vec<Vec<NodeId>> = graphs.iter().map(|g| graph_body_with(m, *g, &fv)).collect();
+    // The hook that differentiates function values reads closures'
+    // captures: no lifting for programs that use it.
+    let lifted = if lift && dynamic_ad_ops(m, &graphs).is_empty() {
+        lifted_graphs(m, &graphs, &bodies, roots, &fv, plan)
     } else {
         Lifted::default()
     };
@@ -136,14 +153,14 @@ fn compile_graphs(
         locs: Vec::new(),
         dynamic: None,
     };
-    for &g in &graphs {
+    for (&g, body) in graphs.iter().zip(&bodies) {
         let mut t = Tables {
             code_of: &ex.code_of,
             locs: &mut ex.locs,
             loc_base: 0,
             lifted: &lifted,
         };
-        let code = compile_graph(m, g, &fv, &mut t, plan)?;
+        let code = compile_graph(m, g, body, &fv, &mut t, plan)?;
         ex.program.codes.push(code);
     }
     Ok(ex)
@@ -178,7 +195,8 @@ pub fn compile_more(
             loc_base,
             lifted: &lifted,
         };
-        out.push(compile_graph(m, g, fv, &mut t, None)?);
+        let body = graph_body_with(m, g, fv);
+        out.push(compile_graph(m, g, &body, fv, &mut t, None)?);
     }
     Ok(out)
 }
@@ -209,16 +227,14 @@ impl Lifted {
         if self.extra.is_empty() {
             return None;
         }
-        match m.as_const(callee) {
-            Some(Const::Graph(h)) => self.extra.get(h).map(Vec::as_slice),
-            _ if m.applied_prim(callee) == Some(Prim::Switch) => m.inputs(callee)[2..]
-                .iter()
-                .find_map(|b| match m.as_const(*b) {
-                    Some(Const::Graph(h)) => self.extra.get(h).map(Vec::as_slice),
-                    _ => None,
-                }),
-            _ => None,
-        }
+        let named = match m.graph_switch(callee) {
+            Some((_, a, b)) => vec![a, b],
+            None => m.as_graph(callee).into_iter().collect(),
+        };
+        named
+            .iter()
+            .find_map(|h| self.extra.get(h))
+            .map(Vec::as_slice)
     }
 }
 
@@ -231,6 +247,7 @@ impl Lifted {
 fn lifted_graphs(
     m: &Module,
     graphs: &[GraphId],
+    bodies: &[Vec<NodeId>],
     roots: &[GraphId],
     fv: &FreeVars,
     plan: Option<&crate::fuse::Plan>,
@@ -246,51 +263,37 @@ fn lifted_graphs(
         i
     }
     let mut bad: HashSet<GraphId> = roots.iter().copied().collect();
-    let graph_of = |n: NodeId| match m.as_const(n) {
-        Some(Const::Graph(h)) => Some(*h),
-        _ => None,
-    };
-    // The graphs a switch node chooses between (`None` when a branch is
-    // not a graph constant).
-    let branches = |n: NodeId| -> Option<Vec<Option<GraphId>>> {
-        (m.applied_prim(n) == Some(Prim::Switch))
-            .then(|| m.inputs(n).iter().skip(2).map(|b| graph_of(*b)).collect())
-    };
-    // A value use of `n`: a graph or the graphs of a switch escape.
+    // A value use of `n`: a graph or the graphs of a switch escape. (The
+    // graphs of a switch between anything else escape as its inputs.)
     let escape = |n: NodeId, bad: &mut HashSet<GraphId>| {
-        if let Some(h) = graph_of(n) {
+        if let Some(h) = m.as_graph(n) {
             bad.insert(h);
-        } else if let Some(bs) = branches(n) {
-            bad.extend(bs.into_iter().flatten());
+        } else if let Some((_, a, b)) = m.graph_switch(n) {
+            bad.extend([a, b]);
         }
     };
     // Each call of a graph or of a switch of graphs: the caller and the
     // graphs named there.
     let mut sites: Vec<(GraphId, Vec<GraphId>)> = Vec::new();
     let mut lenient = HashSet::new();
-    for &g in graphs {
-        for n in graph_body_with(m, g, fv) {
+    for (&g, body) in graphs.iter().zip(bodies) {
+        for &n in body {
             let inputs = m.inputs(n);
-            if let Some(bs) = branches(n) {
-                // The branches with free variables: joined; a non-graph
-                // branch spoils them all.
-                let all: Vec<GraphId> = bs.iter().flatten().copied().collect();
-                let (gs, closed): (Vec<GraphId>, Vec<GraphId>) =
-                    all.iter().partition(|h| !fv.get(**h).is_empty());
-                if all.len() != bs.len() {
-                    bad.extend(gs.iter().copied());
-                } else if !gs.is_empty() {
-                    lenient.extend(closed);
-                }
-                for w in gs.windows(2) {
-                    if let (Some(&a), Some(&b)) = (index.get(&w[0]), index.get(&w[1])) {
-                        let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
-                        parent[ra] = rb;
+            if let Some((c, a, b)) = m.graph_switch(n) {
+                // The branches with free variables are joined; those
+                // without take any extra arguments.
+                match (fv.get(a).is_empty(), fv.get(b).is_empty()) {
+                    (false, false) => {
+                        if let (Some(&a), Some(&b)) = (index.get(&a), index.get(&b)) {
+                            let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+                            parent[ra] = rb;
+                        }
                     }
+                    (true, false) => _ = lenient.insert(a),
+                    (false, true) => _ = lenient.insert(b),
+                    (true, true) => {}
                 }
-                if let Some(c) = inputs.get(1) {
-                    escape(*c, &mut bad);
-                }
+                escape(c, &mut bad);
                 continue;
             }
             for (i, &x) in inputs.iter().enumerate() {
@@ -298,11 +301,11 @@ fn lifted_graphs(
                     // A callee: fine in the graph that made it; a switch
                     // made elsewhere does not have the branches' free
                     // variables at hand here.
-                    if let Some(h) = graph_of(x) {
+                    if let Some(h) = m.as_graph(x) {
                         sites.push((g, vec![h]));
-                    } else if let Some(bs) = branches(x) {
+                    } else if let Some((_, a, b)) = m.graph_switch(x) {
                         if m.node(x).graph == Some(g) {
-                            sites.push((g, bs.into_iter().flatten().collect()));
+                            sites.push((g, vec![a, b]));
                         } else {
                             escape(x, &mut bad);
                         }
@@ -322,7 +325,7 @@ fn lifted_graphs(
         }
         if let Some(then) = &group.then {
             // The continuation is called where the kernel runs.
-            match graph_of(then.callee) {
+            match m.as_graph(then.callee) {
                 Some(h) => sites.push((group.graph, vec![h])),
                 None => escape(then.callee, &mut bad),
             }
@@ -418,6 +421,22 @@ impl CodeBuilder<'_> {
             loc,
         });
         d
+    }
+
+    /// Appends to a call's `args` the free variables a lifted callee
+    /// takes after its parameters.
+    fn lifted_args(
+        &mut self,
+        callee: NodeId,
+        args: &mut Vec<Operand>,
+        ex: &Tables,
+    ) -> Result<(), ExecError> {
+        if let Some(extra) = ex.lifted.of_callee(self.m, callee) {
+            for &v in extra {
+                args.push(self.operand(v, ex)?);
+            }
+        }
+        Ok(())
     }
 
     fn constant(&mut self, v: Value) -> Operand {
@@ -575,9 +594,11 @@ fn schedule(
     order
 }
 
+/// Compiles graph `g`, whose body ([`graph_body_with`]) is `body`.
 fn compile_graph(
     m: &Module,
     g: GraphId,
+    body: &[NodeId],
     fv: &FreeVars,
     ex: &mut Tables,
     plan: Option<&crate::fuse::Plan>,
@@ -608,8 +629,7 @@ fn compile_graph(
         message: format!("graph @{} has no output", graph.name),
         loc: graph.loc,
     })?;
-    let body = graph_body_with(m, g, fv);
-    let order = schedule(m, g, &body, fv, plan);
+    let order = schedule(m, g, body, fv, plan);
     let mut tail = false;
     for unit in order {
         let n = match unit {
@@ -642,11 +662,7 @@ fn compile_graph(
                         });
                     }
                     let callee = b.operand(then.callee, ex)?;
-                    if let Some(extra) = ex.lifted.of_callee(m, then.callee) {
-                        for &v in extra {
-                            args.push(b.operand(v, ex)?);
-                        }
-                    }
+                    b.lifted_args(then.callee, &mut args, ex)?;
                     let out = group.outputs[0];
                     if out == output {
                         tail = true;
@@ -722,11 +738,7 @@ fn compile_graph(
                 for &i in &inputs[1..] {
                     args.push(b.operand(i, ex)?);
                 }
-                if let Some(extra) = ex.lifted.of_callee(m, inputs[0]) {
-                    for &v in extra {
-                        args.push(b.operand(v, ex)?);
-                    }
-                }
+                b.lifted_args(inputs[0], &mut args, ex)?;
                 if n == output {
                     tail = true;
                     Instr::TailCall { callee, args, loc }

@@ -670,31 +670,11 @@ fn vm_diagnostic(e: &VmError, ex: &Executable, root: FileId, stdlib: &[FileId]) 
     }
 }
 
-/// The run-time transforms (`ad_lift`, `ad_dyn`) in code reachable from
-/// `roots`, with whether each is nested inside differentiated code (its
-/// nesting code is not the constant 0).
-fn dynamic_ad_ops(m: &crate::ir::Module, roots: &[GraphId]) -> Vec<bool> {
-    use crate::ir::Const;
-    use crate::prim::Prim;
-    let reach: std::collections::HashSet<GraphId> = crate::ir::analysis::reachable_graphs(m, roots)
-        .into_iter()
-        .collect();
-    (0..m.nodes.len())
-        .map(|i| crate::ir::NodeId(i as u32))
-        .filter(|n| m.node(*n).graph.is_some_and(|g| reach.contains(&g)))
-        .filter_map(|n| {
-            let wrap = match m.applied_prim(n)? {
-                Prim::AdDyn => m.inputs(n).get(4),
-                Prim::AdLift => m.inputs(n).get(3),
-                _ => return None,
-            };
-            Some(wrap.and_then(|w| m.as_const(*w)) != Some(&Const::Int(0)))
-        })
-        .collect()
-}
-
 /// Whether code reachable from `roots` transforms, at run time, a function
 /// value inside code that is itself differentiated.
 fn nested_dynamic_ad(m: &crate::ir::Module, roots: &[GraphId]) -> bool {
-    dynamic_ad_ops(m, roots).into_iter().any(|nested| nested)
+    let graphs = crate::ir::analysis::reachable_graphs(m, roots);
+    crate::exec::dynamic_ad_ops(m, &graphs)
+        .into_iter()
+        .any(|nested| nested)
 }

@@ -371,7 +371,7 @@ impl<'a> Vm<'a> {
     fn make_frame(
         &self,
         f: &Value,
-        args: Vec<Value>,
+        mut args: Vec<Value>,
         ret_dst: Option<u32>,
         loc: Option<LocIndex>,
         mut slots: Vec<Option<Value>>,
@@ -384,7 +384,6 @@ impl<'a> Vm<'a> {
             });
         };
         let code = self.program.code_any(closure.code)?;
-        let mut args = args;
         if code.extra_args && args.len() > code.n_params as usize {
             args.truncate(code.n_params as usize);
         }

@@ -30,7 +30,7 @@ use super::scalar::{
 };
 use super::Plan;
 use crate::codegen::cpu::scalar::{compile_scalar_cached, max_tape_slots, CompiledScalar};
-use crate::codegen::scalar::{SOp, SType, Scalar};
+use crate::codegen::scalar::{SOp, SType, Scalar, ScalarProgram};
 use crate::codegen::scalar_ad::reverse;
 use crate::infer::Types;
 use crate::ir::analysis::{graph_body_with, FreeVars};
@@ -250,9 +250,7 @@ pub(super) fn reverse_groups(
                             m.graph(g).name,
                             match &r {
                                 Ok(b) => match b.count {
-                                    Some((c, per_trip)) => format!(
-                                        "compiled; it counts ({c:?}), its tape takes at most {per_trip} values a trip"
-                                    ),
+                                    Some(c) => format!("compiled; it counts ({c:?})"),
                                     None => "compiled".to_string(),
                                 },
                                 Err(e) => format!("not compiled ({e})"),
@@ -377,10 +375,9 @@ struct Built {
     /// that capacity (a loop called again, in a training loop, usually
     /// runs as long), so it is not copied as it grows.
     last_len: std::sync::atomic::AtomicUsize,
-    /// When the loop counts up to a bound: its trip count from the
-    /// arguments, and the most values one trip pushes. The tape is then
-    /// made that long from the start.
-    count: Option<(Count, usize)>,
+    /// When the loop counts up to a bound: the tape is made as long as
+    /// the count says from the start.
+    count: Option<Count>,
 }
 
 /// The most slots a tape is made with from a trip count (1 GiB); a
@@ -390,11 +387,13 @@ const MAX_RESERVED: u64 = 1 << 27;
 
 /// A counting loop: the entry's parameter `param` is compared with
 /// `lt(param, bound)` to choose the body, and every call of the entry
-/// from inside the loop passes `param + 1`.
+/// from inside the loop passes `param + 1`; one trip pushes at most
+/// `per_trip` values.
 #[derive(Clone, Copy, Debug)]
 struct Count {
     param: usize,
     bound: Bound,
+    per_trip: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -405,9 +404,9 @@ enum Bound {
 }
 
 impl Count {
-    /// Iterations of a run with these inputs (an upper bound when the
-    /// loop may leave early).
-    fn trips(&self, inputs: &[Scalar]) -> Option<u64> {
+    /// The most values a run with these inputs pushes (an upper bound
+    /// when the loop may leave early).
+    fn slots(&self, inputs: &[Scalar]) -> Option<u64> {
         let int = |i: usize| match inputs.get(i) {
             Some(Scalar::I64(v)) => Some(*v),
             _ => None,
@@ -416,22 +415,32 @@ impl Count {
             Bound::Const(b) => b,
             Bound::Input(i) => int(i)?,
         };
-        Some(bound.saturating_sub(int(self.param)?).max(0) as u64)
+        let trips = bound.saturating_sub(int(self.param)?).max(0) as u64;
+        trips.checked_mul(self.per_trip as u64)
     }
 }
 
-/// The [`Count`] of loop entry `g` (its region is `members`), if it has
-/// one; `n_args` of the kernel's inputs come before `g`'s free variables.
-fn counting(cx: &Cx, members: &[GraphId], g: GraphId, n_args: usize) -> Option<Count> {
+/// The [`Count`] of loop entry `g`, if it has one. `members` is its
+/// region, `forward` the region's recording program (a function that
+/// marks the tape and calls the entry, then the members' functions in
+/// order), and `n_args` of the kernel's inputs come before `g`'s free
+/// variables.
+fn counting(
+    cx: &Cx,
+    ok: &HashMap<GraphId, super::scalar::Info>,
+    members: &[GraphId],
+    forward: &ScalarProgram,
+    g: GraphId,
+    n_args: usize,
+) -> Option<Count> {
     let m = cx.m;
     let graph = m.graph(g);
-    let out = graph.output?;
-    let switch = *m.inputs(out).first()?;
-    if m.applied_prim(switch) != Some(Prim::Switch) || m.node(switch).graph != Some(g) {
-        return None;
-    }
-    let cond = m.inputs(switch)[1];
-    if m.applied_prim(cond) != Some(Prim::Lt) {
+    let switch = *m.inputs(graph.output?).first()?;
+    let (cond, _, _) = m.graph_switch(switch)?;
+    if m.node(switch).graph != Some(g)
+        || m.applied_prim(cond) != Some(Prim::Lt)
+        || forward.funcs.len() != members.len() + 1
+    {
         return None;
     }
     let (a, mut b) = (m.inputs(cond)[1], m.inputs(cond)[2]);
@@ -464,7 +473,34 @@ fn counting(cx: &Cx, members: &[GraphId], g: GraphId, n_args: usize) -> Option<C
             }
         }
     }
-    (calls > 0).then_some(Count { param, bound })
+    if calls == 0 {
+        return None;
+    }
+    // What one trip pushes at most: the records of every function on the
+    // way back to the entry, once each.
+    let mut cycle: HashSet<GraphId> = HashSet::new();
+    while let Some(h) = members.iter().find(|h| {
+        !cycle.contains(*h)
+            && ok[*h]
+                .calls
+                .iter()
+                .any(|(c, _)| *c == g || cycle.contains(c))
+    }) {
+        cycle.insert(*h);
+    }
+    let per_trip = (members.iter().zip(&forward.funcs[1..]))
+        .filter(|(h, _)| cycle.contains(*h))
+        .flat_map(|(_, f)| &f.body)
+        .map(|i| match &i.op {
+            SOp::Push(vals) => vals.len(),
+            _ => 0,
+        })
+        .sum();
+    Some(Count {
+        param,
+        bound,
+        per_trip,
+    })
 }
 
 fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Result<Built, String> {
@@ -534,32 +570,8 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
     };
     let program = program_of(&rcx, &r.order, None).ok_or("no scalar program")?;
     let rev = reverse(&program)?;
-    // What one trip pushes at most: the records of every function on the
-    // way back to the entry, once each. (The forward program is a function
-    // that marks the tape and calls `P`'s entry, then the region's
-    // functions in order.)
-    let mut cycle: HashSet<GraphId> = HashSet::new();
-    while let Some(h) = r.order.iter().find(|h| {
-        !cycle.contains(*h)
-            && ok[*h]
-                .calls
-                .iter()
-                .any(|(c, _)| *c == g || cycle.contains(c))
-    }) {
-        cycle.insert(*h);
-    }
-    let per_trip: usize = (r.order.iter().zip(&rev.forward.funcs[1..]))
-        .filter(|(h, _)| cycle.contains(*h))
-        .flat_map(|(_, f)| &f.body)
-        .map(|i| match &i.op {
-            SOp::Push(vals) => vals.len(),
-            _ => 0,
-        })
-        .sum();
     let n_args = m.graph(g).params.len() - 1;
-    let trips = counting(cx, &r.order, g, n_args)
-        .filter(|_| rev.forward.funcs.len() == r.order.len() + 1)
-        .map(|c| (c, per_trip));
+    let counts = counting(cx, ok, &r.order, &rev.forward, g, n_args);
     let forward = compile_scalar_cached(&rev.forward).map_err(|e| e.to_string())?;
     let backward = compile_scalar_cached(&rev.backward).map_err(|e| e.to_string())?;
     let graph = m.graph(g);
@@ -581,7 +593,7 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
         key_inputs,
         fv_floats,
         last_len: std::sync::atomic::AtomicUsize::new(1024),
-        count: trips,
+        count: counts,
         slots: orig[..orig.len() - 1].iter().map(|i| i + 1).collect(),
         len: count,
         name: graph.name.clone(),
@@ -606,14 +618,9 @@ impl NativeKernel for Forward {
         super::check_arity(&b.name, params.len(), args.len())?;
         let scalars = scalar_args(&b.name, &args, params)?;
         let last = b.last_len.load(std::sync::atomic::Ordering::Relaxed);
-        let counted = b.count.and_then(|(c, per_trip)| {
-            let slots = c.trips(&scalars)?.checked_mul(per_trip as u64)?;
-            Some(
-                slots
-                    .saturating_add(64)
-                    .min(MAX_RESERVED)
-                    .min(max_tape_slots()) as usize,
-            )
+        let counted = b.count.and_then(|c| {
+            let slots = c.slots(&scalars)?.saturating_add(64);
+            Some(slots.min(MAX_RESERVED).min(max_tape_slots()) as usize)
         });
         let mut tape = Vec::new();
         // Reserving more than memory allows is not an error: the tape

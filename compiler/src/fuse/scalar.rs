@@ -139,24 +139,13 @@ impl Shape {
     }
 }
 
-/// `switch(c, @a, @b)`: the condition and the two graphs.
-pub(super) fn choice(m: &Module, n: NodeId) -> Option<(NodeId, GraphId, GraphId)> {
-    let ins = m.inputs(n);
-    if m.applied_prim(n) != Some(Prim::Switch) || ins.len() != 4 {
-        return None;
-    }
-    match (m.as_const(ins[2]), m.as_const(ins[3])) {
-        (Some(Const::Graph(a)), Some(Const::Graph(b))) => Some((ins[1], *a, *b)),
-        _ => None,
-    }
-}
-
 /// The graphs a call with callee `head` may call: a graph constant, or
 /// the two graphs of a `switch` (none otherwise).
 pub(super) fn callees(m: &Module, head: NodeId) -> Vec<GraphId> {
     match m.as_const(head) {
         Some(Const::Graph(h)) => vec![*h],
-        _ => choice(m, head)
+        _ => m
+            .graph_switch(head)
             .map(|(_, a, b)| vec![a, b])
             .unwrap_or_default(),
     }
@@ -383,7 +372,7 @@ impl Cx<'_> {
 
     /// `switch(c, @a, @b)`: the two graphs.
     fn choice(&self, n: NodeId) -> Option<(NodeId, GraphId, GraphId)> {
-        choice(self.m, n)
+        self.m.graph_switch(n)
     }
 
     /// The local conditions on `g`; `None` if it cannot join a region.

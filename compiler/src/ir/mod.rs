@@ -244,6 +244,21 @@ impl Module {
             _ => None,
         }
     }
+    /// The graph of a graph constant `@g`.
+    pub fn as_graph(&self, id: NodeId) -> Option<GraphId> {
+        match self.as_const(id) {
+            Some(Const::Graph(g)) => Some(*g),
+            _ => None,
+        }
+    }
+    /// `switch(c, @a, @b)` between two graph constants: `c`, `a` and `b`.
+    pub fn graph_switch(&self, id: NodeId) -> Option<(NodeId, GraphId, GraphId)> {
+        let ins = self.inputs(id);
+        if self.applied_prim(id) != Some(Prim::Switch) || ins.len() != 4 {
+            return None;
+        }
+        Some((ins[1], self.as_graph(ins[2])?, self.as_graph(ins[3])?))
+    }
     /// The primitive applied by `id`, if it is an application of one.
     pub fn applied_prim(&self, id: NodeId) -> Option<Prim> {
         match &self.node(id).kind {

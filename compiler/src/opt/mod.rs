@@ -37,8 +37,7 @@ mod unroll;
 use std::collections::{HashMap, HashSet};
 
 use crate::ir::analysis::{
-    free_variables, free_variables_with, graph_body_with, owned_nodes, reachable_graphs,
-    reachable_graphs_with, FreeVars,
+    free_variables_with, graph_body_with, owned_nodes, reachable_graphs_with, FreeVars,
 };
 use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
 
@@ -162,7 +161,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             eprintln!("{}", crate::ir::print::print_module(m, roots, None));
         }
         if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
-            let (n, gs) = live_size(m, roots);
+            let (n, gs) = snapshot_size(&snap);
             eprintln!(
                 "opt round {}: {changed} changes, {n} live nodes in {gs} graphs, {} in the arena, {:?} elapsed",
                 stats.rounds,
@@ -188,7 +187,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
     stats
 }
 
-/// Live nodes and graphs of a snapshot (what [`live_size`] counts).
+/// Live application nodes and graphs of a snapshot.
 fn snapshot_size((_, graphs, bodies): &Snapshot) -> (usize, usize) {
     (bodies.values().map(Vec::len).sum(), graphs.len())
 }
@@ -294,17 +293,6 @@ fn nested_children(m: &Module, fv: &FreeVars) -> HashMap<GraphId, Vec<GraphId>> 
         }
     }
     out
-}
-
-/// Live application nodes and graphs reachable from `roots`.
-pub fn live_size(m: &Module, roots: &[GraphId]) -> (usize, usize) {
-    let fv = free_variables(m);
-    let graphs = reachable_graphs(m, roots);
-    let nodes = graphs
-        .iter()
-        .map(|g| graph_body_with(m, *g, &fv).len())
-        .sum();
-    (nodes, graphs.len())
 }
 
 /// Graphs in a cycle of the call graph (through graph constants their live

@@ -95,23 +95,27 @@ fn compare_fn<T: Element>(op: &str) -> Result<fn(T, T) -> bool, RtError> {
     })
 }
 
+/// The error of integer `op` with right operand `rhs`, if it is one: `div`
+/// or `rem` by zero, `pow` with a negative exponent. (Native loops report
+/// theirs with it too.)
+pub fn int_operand_error(op: &str, rhs: i64) -> Option<String> {
+    match op {
+        "div" | "rem" if rhs == 0 => Some(format!("{op}: integer division by zero")),
+        "pow" if rhs < 0 => Some(format!(
+            "pow: negative exponent {rhs} for an integer power; use a float base"
+        )),
+        _ => None,
+    }
+}
+
 /// Integer `div`/`rem` by zero and `pow` with a negative exponent are errors.
 fn check_int_operands<T: Num>(op: &str, rhs: &[T], out_len: usize) -> Result<(), RtError> {
-    if T::DTYPE.is_float() || out_len == 0 {
+    if T::DTYPE.is_float() || out_len == 0 || !matches!(op, "div" | "rem" | "pow") {
         return Ok(());
     }
-    match op {
-        "div" | "rem" if rhs.iter().any(|&v| v == T::zero()) => {
-            Err(RtError::new(format!("{op}: integer division by zero")))
-        }
-        "pow" => match rhs.iter().find(|v| v.is_negative()) {
-            Some(e) => Err(RtError::new(format!(
-                "pow: negative exponent {} for an integer power; use a float base",
-                e.to_i64()
-            ))),
-            None => Ok(()),
-        },
-        _ => Ok(()),
+    match rhs.iter().find_map(|v| int_operand_error(op, v.to_i64())) {
+        Some(e) => Err(RtError::new(e)),
+        None => Ok(()),
     }
 }
 

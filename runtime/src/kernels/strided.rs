@@ -227,11 +227,8 @@ fn transpose_tiles<T: Copy>(src: &[T], shape: &[usize], strides: &[usize]) -> Op
     let mut out: Vec<T> = Vec::with_capacity(n);
     let dst = &mut out.spare_capacity_mut()[..n];
     // The matrices, in row-major order of the leading axes.
-    let lead = &shape[..r - 2];
-    let mut index = vec![0usize; lead.len()];
-    for m in 0..n / (rows * cols) {
-        let base: usize = index.iter().zip(strides).map(|(i, s)| i * s).sum();
-        let d = &mut dst[m * rows * cols..(m + 1) * rows * cols];
+    let bases = offsets(&shape[..r - 2], &strides[..r - 2]);
+    for (d, base) in dst.chunks_mut(rows * cols).zip(bases) {
         for i0 in (0..rows).step_by(TILE) {
             for j0 in (0..cols).step_by(TILE) {
                 for i in i0..(i0 + TILE).min(rows) {
@@ -240,13 +237,6 @@ fn transpose_tiles<T: Copy>(src: &[T], shape: &[usize], strides: &[usize]) -> Op
                     }
                 }
             }
-        }
-        for k in (0..lead.len()).rev() {
-            index[k] += 1;
-            if index[k] < lead[k] {
-                break;
-            }
-            index[k] = 0;
         }
     }
     // SAFETY: the loops above wrote all `n` elements (every matrix, every

@@ -222,13 +222,14 @@ impl CompiledScalar {
                     max_tape_slots()
                 ))
             }
-            DIV_BY_ZERO => return Err("div: integer division by zero".into()),
-            REM_BY_ZERO => return Err("rem: integer division by zero".into()),
-            NEGATIVE_POWER => {
-                return Err(format!(
-                    "pow: negative exponent {} for an integer power; use a float base",
-                    buf.detail as i64
-                ))
+            DIV_BY_ZERO | REM_BY_ZERO | NEGATIVE_POWER => {
+                let (op, rhs) = match buf.fault {
+                    DIV_BY_ZERO => ("div", 0),
+                    REM_BY_ZERO => ("rem", 0),
+                    _ => ("pow", buf.detail as i64),
+                };
+                let e = adjoint_runtime::kernels::map::int_operand_error(op, rhs);
+                return Err(e.unwrap_or_else(|| format!("internal error: {op} fault on {rhs}")));
             }
             _ => return Err("internal error: a scalar program popped an empty tape".into()),
         }
