@@ -719,9 +719,9 @@ fn main() {
             e.render(false)
         );
     }
-    // Graph mode points at the loop, eager mode at the division.
-    assert_eq!(graph_err.location().map(|l| l.1), Some(19));
-    assert_eq!(eager_err.location().map(|l| l.1), Some(20));
+    // Both modes point at the division, not at the loop around it.
+    assert_eq!(graph_err.location(), eager_err.location());
+    assert_eq!(graph_err.location().map(|l| l.1), Some(20));
     // A negative exponent in a native loop, with its value in the message.
     let src = SRC.replace("print(divide_down(10, n));", "print(down(n));")
         + "fn down(n) {\n    let mut s = 0;\n    for i in 0..n {\n        s = s + 2 ** (n - 11 - i);\n    }\n    s\n}\n";
@@ -737,6 +737,61 @@ fn main() {
                 .contains("pow: negative exponent -1 for an integer power"),
             "{}",
             err.render(false)
+        );
+        // At the power: the 4th line of `down`.
+        let line = src.lines().position(|l| l.contains("2 ** (n - 11 - i)"));
+        assert_eq!(err.location().map(|l| l.1 as usize), line.map(|k| k + 1));
+    }
+}
+
+/// A fault inside a loop that reverse mode records natively (an integer
+/// division by zero on the loop's counter) is reported at the division,
+/// as in eager mode, and the first gradient, whose loop stops before the
+/// zero, is printed in both modes.
+#[test]
+fn faults_in_recorded_loops_point_at_the_operation() {
+    const SRC: &str = "\
+fn f(x, n) {
+    let mut y = x;
+    for i in 0..n {
+        let k = 10 / (5 - i);
+        y = y * 0.5 + f64(k) * sin(y);
+    }
+    y
+}
+fn main() {
+    let n = i64(sum(ones([40])));
+    print(grad(f)(0.3, n / 10));
+    print(grad(f)(0.3, n / 5));
+}
+";
+    let graph = Session::new(Mode::Graph)
+        .load_source("fault.adj", SRC)
+        .unwrap();
+    let kernels = graph.emit_kernels("main").unwrap();
+    assert!(kernels.contains("recording its tape"), "{kernels}");
+    let run = |s: &Session| {
+        let mut out = Vec::new();
+        let err = s.run_main(&mut out).unwrap_err();
+        (String::from_utf8(out).unwrap(), err)
+    };
+    let eager = Session::new(Mode::Eager)
+        .load_source("fault.adj", SRC)
+        .unwrap();
+    let ((graph_out, graph_err), (eager_out, eager_err)) = (run(&graph), run(&eager));
+    assert_close(&graph_out, &eager_out, 1e-10);
+    assert_eq!(graph_out.lines().count(), 1, "{graph_out}");
+    for e in [&graph_err, &eager_err] {
+        assert!(
+            e.summary().contains("div: integer division by zero"),
+            "{}",
+            e.render(false)
+        );
+        assert_eq!(
+            e.location(),
+            Some(("fault.adj".to_string(), 4, 17)),
+            "{}",
+            e.render(false)
         );
     }
 }

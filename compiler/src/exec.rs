@@ -641,6 +641,11 @@ fn compile_graph(
                 for &i in &group.inputs {
                     args.push(b.operand(i, ex)?);
                 }
+                let sites = group
+                    .sites
+                    .iter()
+                    .map(|&s| (s.0, ex.push_loc(m.node(s).loc)))
+                    .collect();
                 let dst = b.n_slots;
                 b.n_slots += 1;
                 b.instrs.push(Instr::Native {
@@ -648,6 +653,7 @@ fn compile_graph(
                     kernel: group.kernel.clone(),
                     args,
                     loc,
+                    sites,
                 });
                 if let Some(then) = &group.then {
                     // The call that takes the kernel's results on: a tail
@@ -767,6 +773,7 @@ fn compile_graph(
                 kernel: check.clone(),
                 args: vec![Operand::Slot(dst), path],
                 loc,
+                sites: Vec::new(),
             });
             b.slot_of.insert(n, checked);
         }

@@ -9,6 +9,11 @@
 pub struct RtError {
     /// The message, lowercase, without a location.
     pub message: String,
+    /// Where inside compiled code the failure happened, when the code
+    /// knows better than its call site (a division in a native loop): a
+    /// site the instruction that ran the code maps to a source location
+    /// ([`crate::vm::Instr::Native`]). `None` for the call site itself.
+    pub site: Option<u32>,
 }
 
 impl RtError {
@@ -16,7 +21,14 @@ impl RtError {
     pub fn new(message: impl Into<String>) -> RtError {
         RtError {
             message: message.into(),
+            site: None,
         }
+    }
+
+    /// This error, raised at `site` of the code that ran.
+    pub fn at_site(mut self, site: Option<u32>) -> RtError {
+        self.site = site;
+        self
     }
 
     /// An error that signals a broken invariant inside the runtime rather
@@ -28,7 +40,7 @@ impl RtError {
 
 impl From<String> for RtError {
     fn from(message: String) -> RtError {
-        RtError { message }
+        RtError::new(message)
     }
 }
 

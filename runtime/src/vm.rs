@@ -66,6 +66,9 @@ pub enum Instr {
         kernel: Arc<dyn NativeKernel>,
         args: Vec<Operand>,
         loc: LocIndex,
+        /// The locations of the kernel's sites ([`RtError::site`]); an
+        /// error at another site, or at none, is reported at `loc`.
+        sites: Vec<(u32, LocIndex)>,
     },
     /// `dst = if cond { a } else { b }` (a and b are already evaluated).
     Switch {
@@ -474,6 +477,7 @@ impl<'a> Vm<'a> {
                     kernel,
                     args,
                     loc,
+                    sites,
                 } => {
                     let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
                     let (dst, loc) = (*dst, *loc);
@@ -483,11 +487,12 @@ impl<'a> Vm<'a> {
                             frame.slots[dst as usize] = Some(v);
                         }
                         Err(e) => {
+                            let at = sites.iter().find(|(s, _)| Some(*s) == e.site);
                             return Err(VmError {
-                                message: e.to_string(),
-                                loc: Some(loc),
+                                loc: Some(at.map_or(loc, |&(_, l)| l)),
+                                message: e.message,
                                 trace: Vec::new(),
-                            })
+                            });
                         }
                     }
                 }

@@ -531,6 +531,29 @@ impl STerm {
 pub struct SInst {
     pub op: SOp,
     pub results: Vec<SType>,
+    /// Where the instruction comes from, in terms its producer defines
+    /// (fusion: the index of the IR node it computes). A fault the
+    /// instruction raises reports it, so errors point at the operation
+    /// rather than at the loop that contains it.
+    pub site: Option<u32>,
+}
+
+impl SInst {
+    /// An instruction with no site.
+    pub fn new(op: SOp, results: Vec<SType>) -> SInst {
+        SInst {
+            op,
+            results,
+            site: None,
+        }
+    }
+
+    /// Whether it divides or raises integers (`tys`: the types of the
+    /// function's values), which may stop the program with a fault.
+    fn may_fault(&self, tys: &[SType]) -> bool {
+        matches!(self.op, SOp::Binary(SBinary::Div | SBinary::Rem | SBinary::Pow, a, _)
+            if tys[a.0 as usize] == SType::I64)
+    }
 }
 
 /// How a function ends.
@@ -597,6 +620,7 @@ impl ScalarProgram {
                 f.body.push(SInst {
                     op,
                     results: inst.results.clone(),
+                    site: inst.site,
                 });
                 for _ in &inst.results {
                     map.push(SVal(next));
@@ -616,11 +640,23 @@ impl ScalarProgram {
     pub fn may_fault(&self) -> bool {
         self.funcs.iter().any(|f| {
             let tys = f.value_types();
-            f.body.iter().any(|i| {
-                matches!(i.op, SOp::Binary(SBinary::Div | SBinary::Rem | SBinary::Pow, a, _)
-                    if tys[a.0 as usize] == SType::I64)
-            })
+            f.body.iter().any(|i| i.may_fault(&tys))
         })
+    }
+
+    /// The sites of the instructions that may fault, each once, in order.
+    pub fn fault_sites(&self) -> Vec<u32> {
+        let mut sites = std::collections::BTreeSet::new();
+        for f in &self.funcs {
+            let tys = f.value_types();
+            sites.extend(
+                f.body
+                    .iter()
+                    .filter(|i| i.may_fault(&tys))
+                    .filter_map(|i| i.site),
+            );
+        }
+        sites.into_iter().collect()
     }
 
     /// Whether some function pushes to or pops from the tape.
@@ -925,10 +961,7 @@ pub(crate) mod tests {
     use proptest::prelude::*;
 
     fn inst(op: SOp, t: SType) -> SInst {
-        SInst {
-            op,
-            results: vec![t],
-        }
+        SInst::new(op, vec![t])
     }
 
     /// `iterate(i, x, n)`: `x <- sin(x) * x + 0.5` while `i < n`, as a
@@ -1051,10 +1084,7 @@ pub(crate) mod tests {
         let tys = [F64, F32, I64, Bool];
         let mut next = 5u32;
         let mut push = |body: &mut Vec<SInst>, op: SOp, t: SType| {
-            body.push(SInst {
-                op,
-                results: vec![t],
-            });
+            body.push(SInst::new(op, vec![t]));
             next += 1;
             SVal(next - 1)
         };
@@ -1197,7 +1227,8 @@ pub(crate) mod tests {
                 None => {
                     let err = native.call(&args).unwrap_err();
                     prop_assert!(
-                        err.contains("integer division by zero") || err.contains("negative exponent"),
+                        err.message.contains("integer division by zero")
+                            || err.message.contains("negative exponent"),
                         "{err} for {p:#?}"
                     );
                 }

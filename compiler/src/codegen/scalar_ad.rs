@@ -117,12 +117,17 @@ impl Fb {
     }
 
     fn push(&mut self, op: SOp, results: Vec<SType>) -> Vec<SVal> {
+        self.push_at(op, results, None)
+    }
+
+    /// [`Fb::push`] of an instruction copied from one at `site`.
+    fn push_at(&mut self, op: SOp, results: Vec<SType>, site: Option<u32>) -> Vec<SVal> {
         let vs = (0..results.len() as u32)
             .map(|k| SVal(self.next + k))
             .collect();
         self.next += results.len() as u32;
         self.tys.extend_from_slice(&results);
-        self.body.push(SInst { op, results });
+        self.body.push(SInst { op, results, site });
         vs
     }
 
@@ -343,7 +348,7 @@ impl Rev<'_> {
                     let m = fb.konst(Scalar::I64(MARK));
                     fb.push(SOp::Push(vec![m]), Vec::new());
                 }
-                let rs = fb.push(remap(&inst.op, &map, 1), inst.results.clone());
+                let rs = fb.push_at(remap(&inst.op, &map, 1), inst.results.clone(), inst.site);
                 map.extend(rs);
             }
             let mut rec: Vec<SVal> = self.record[k].iter().map(|v| map[v.0 as usize]).collect();
@@ -581,7 +586,7 @@ impl Rev<'_> {
                 map.extend_from_slice(&rec[from_rec..from_rec + w]);
                 from_rec += w;
             } else {
-                let rs = fb.push(remap(&inst.op, &map, 0), inst.results.clone());
+                let rs = fb.push_at(remap(&inst.op, &map, 0), inst.results.clone(), inst.site);
                 map.extend(rs);
             }
         }
@@ -1131,10 +1136,7 @@ mod tests {
     /// `exp` of the result depending on its sign.
     fn nested() -> ScalarProgram {
         use SType::*;
-        let inst = |op, t| SInst {
-            op,
-            results: vec![t],
-        };
+        let inst = |op, t| SInst::new(op, vec![t]);
         let call = |f, args: &[u32]| SCall {
             func: FuncIdx(f),
             args: args.iter().map(|a| SVal(*a)).collect(),
@@ -1155,18 +1157,15 @@ mod tests {
             params: vec![I64, F64, F64],
             results: vec![F64],
             body: vec![
-                inst(SOp::Const(Scalar::I64(0)), I64), // 3
-                SInst {
-                    op: SOp::Call(call(2, &[3, 1, 2])),
-                    results: vec![F64],
-                }, // 4
-                inst(SOp::Const(Scalar::F64(0.0)), F64), // 5
+                inst(SOp::Const(Scalar::I64(0)), I64),                  // 3
+                SInst::new(SOp::Call(call(2, &[3, 1, 2])), vec![F64]),  // 4
+                inst(SOp::Const(Scalar::F64(0.0)), F64),                // 5
                 inst(SOp::Binary(SBinary::Gt, SVal(4), SVal(5)), Bool), // 6
-                SInst {
-                    op: SOp::CallIf(SVal(6), call(5, &[4, 2]), call(6, &[4, 2])),
-                    results: vec![F64],
-                }, // 7
-                inst(SOp::Const(Scalar::I64(1)), I64), // 8
+                SInst::new(
+                    SOp::CallIf(SVal(6), call(5, &[4, 2]), call(6, &[4, 2])),
+                    vec![F64],
+                ), // 7
+                inst(SOp::Const(Scalar::I64(1)), I64),                  // 8
                 inst(SOp::Binary(SBinary::Add, SVal(0), SVal(8)), I64), // 9
             ],
             term: STerm::TailCall(call(0, &[9, 7, 2])),

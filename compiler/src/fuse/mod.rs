@@ -76,6 +76,10 @@ pub struct Group {
     /// A call the VM makes with the kernel's results, whose result is the
     /// group's output (a loop compiled up to its exit: [`scalar`]).
     pub then: Option<Continuation>,
+    /// The nodes whose operations may stop the kernel with an error of
+    /// their own (an integer division by zero in a native loop); the
+    /// kernel's errors name them by index ([`RtError::site`]).
+    pub sites: Vec<NodeId>,
 }
 
 /// The call that follows a kernel: `callee(args..)`.
@@ -437,6 +441,7 @@ fn matmul_groups(m: &Module, g: GraphId, body: &[NodeId], plan: &mut Plan) {
             description,
             form: form::KernelForm::Matmul(va, vb),
             then: None,
+            sites: Vec::new(),
         });
     }
 }
@@ -562,6 +567,7 @@ fn epilogue_groups(
             description,
             form: form::KernelForm::Epilogue,
             then: None,
+            sites: Vec::new(),
         });
     }
 }
@@ -1219,6 +1225,7 @@ fn build(
         description,
         form: form::KernelForm::Fused(spec),
         then: None,
+        sites: Vec::new(),
     })
 }
 

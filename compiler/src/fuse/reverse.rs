@@ -629,10 +629,7 @@ impl NativeKernel for Forward {
             tape.try_reserve(1024)
                 .map_err(|_| RtError::new("out of memory for the tape"))?;
         }
-        let out = b
-            .forward
-            .call_with_tape(&scalars, &mut tape)
-            .map_err(RtError::new)?;
+        let out = b.forward.call_with_tape(&scalars, &mut tape)?;
         let value = b.value.value(&mut out.into_iter())?;
         let n = tape.len();
         b.last_len
@@ -670,7 +667,7 @@ impl NativeKernel for Backward {
         flatten_floats(&args[1], &b.value, &mut seed).ok_or_else(|| {
             RtError::internal(format!("{}: the seed is not the value's cotangent", b.name))
         })?;
-        let d = b.backward.call_popping(&seed, tape).map_err(RtError::new)?;
+        let d = b.backward.call_popping(&seed, tape)?;
         let mut d = d.into_iter();
         let few = || RtError::internal("too few cotangents");
         let mut out = vec![Value::Zero; b.len];

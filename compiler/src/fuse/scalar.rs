@@ -177,6 +177,12 @@ pub(super) fn add_call_group(
         form: form::KernelForm::Scalar(program.program().clone()),
         kernel,
         then,
+        sites: program
+            .program()
+            .fault_sites()
+            .into_iter()
+            .map(NodeId)
+            .collect(),
     });
 }
 
@@ -1010,7 +1016,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             .map(|k| SVal(self.next + k as u32))
             .collect();
         self.next += results.len() as u32;
-        self.body.push(SInst { op, results });
+        self.body.push(SInst::new(op, results));
         vs
     }
 
@@ -1161,6 +1167,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             }
             let p = m.applied_prim(n)?;
             let shape = cx.shape(n)?;
+            let first = self.body.len();
             let vs = match p {
                 Prim::MakeTuple => {
                     let Shape::Tuple(items) = &shape else {
@@ -1221,6 +1228,10 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     }
                 }
             };
+            // A fault of these instructions is reported at `n`.
+            for inst in &mut self.body[first..] {
+                inst.site = Some(n.index() as u32);
+            }
             self.vals.insert(n, vs);
         }
         let term = match term {
@@ -1279,7 +1290,7 @@ impl NativeKernel for ScalarKernel {
     fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
         super::check_arity(&self.name, self.params.len(), args.len())?;
         let scalars = scalar_args(&self.name, &args, &self.params)?;
-        let out = self.compiled.call(&scalars).map_err(RtError::new)?;
+        let out = self.compiled.call(&scalars)?;
         self.result.value(&mut out.into_iter())
     }
 }

@@ -29,6 +29,8 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
 
+use adjoint_runtime::error::RtError;
+
 use super::libcalls::*;
 use super::{tail_call_isa, Code, CodegenError};
 use crate::codegen::scalar::{
@@ -51,7 +53,55 @@ pub(crate) struct TapeBuf {
     fault: u64,
     /// What the fault needs to be described (a negative exponent).
     detail: u64,
+    /// The site of the instruction that faulted ([`SInst::site`]), or
+    /// [`NO_SITE`].
+    site: u64,
 }
+
+impl TapeBuf {
+    fn new(ptr: *mut u64, len: usize, cap: usize) -> TapeBuf {
+        TapeBuf {
+            ptr,
+            len,
+            cap,
+            fault: 0,
+            detail: 0,
+            site: NO_SITE,
+        }
+    }
+}
+
+/// Why a compiled scalar program stopped: a message and, for a fault of
+/// one of its instructions, that instruction's site.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScalarError {
+    pub message: String,
+    pub site: Option<u32>,
+}
+
+impl std::fmt::Display for ScalarError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for ScalarError {
+    fn from(message: String) -> ScalarError {
+        ScalarError {
+            message,
+            site: None,
+        }
+    }
+}
+
+impl From<ScalarError> for RtError {
+    fn from(e: ScalarError) -> RtError {
+        RtError::new(e.message).at_site(e.site)
+    }
+}
+
+/// [`TapeBuf::site`] when the instruction that faulted has no site.
+const NO_SITE: u64 = u64::MAX;
 
 const TAPE_UNDERFLOW: u64 = 1;
 const TAPE_FULL: u64 = 2;
@@ -136,7 +186,7 @@ impl CompiledScalar {
 
     /// Runs the entry on `args`, which must have its parameter types.
     /// An error if the arguments do not match or the run was interrupted.
-    pub fn call(&self, args: &[Scalar]) -> Result<Vec<Scalar>, String> {
+    pub fn call(&self, args: &[Scalar]) -> Result<Vec<Scalar>, ScalarError> {
         self.call_with_tape(args, &mut Vec::new())
     }
 
@@ -146,15 +196,9 @@ impl CompiledScalar {
         &self,
         args: &[Scalar],
         tape: &mut Vec<u64>,
-    ) -> Result<Vec<Scalar>, String> {
+    ) -> Result<Vec<Scalar>, ScalarError> {
         let mut v = std::mem::ManuallyDrop::new(std::mem::take(tape));
-        let mut buf = TapeBuf {
-            ptr: v.as_mut_ptr(),
-            len: v.len(),
-            cap: v.capacity(),
-            fault: 0,
-            detail: 0,
-        };
+        let mut buf = TapeBuf::new(v.as_mut_ptr(), v.len(), v.capacity());
         // SAFETY: `buf` is a live Vec's parts, which native code keeps
         // valid (it grows the Vec only through `tape_grow`, and never pops
         // below empty); they are put back together afterwards.
@@ -165,17 +209,11 @@ impl CompiledScalar {
 
     /// [`CompiledScalar::call`] for a program that only pops (a reverse
     /// pass): it pops from `tape`, which must be used up.
-    pub fn call_popping(&self, args: &[Scalar], tape: &[u64]) -> Result<Vec<Scalar>, String> {
+    pub fn call_popping(&self, args: &[Scalar], tape: &[u64]) -> Result<Vec<Scalar>, ScalarError> {
         if self.pushes {
-            return Err(format!("{}: the program pushes", self.program.entry().name));
+            return Err(format!("{}: the program pushes", self.program.entry().name).into());
         }
-        let mut buf = TapeBuf {
-            ptr: tape.as_ptr() as *mut u64,
-            len: tape.len(),
-            cap: tape.len(),
-            fault: 0,
-            detail: 0,
-        };
+        let mut buf = TapeBuf::new(tape.as_ptr() as *mut u64, tape.len(), tape.len());
         // SAFETY: a program without pushes only reads the tape (and
         // lowers `len`), so the borrowed slice is never written or grown.
         let out = unsafe { self.run(args, &mut buf) }?;
@@ -184,7 +222,8 @@ impl CompiledScalar {
                 "internal error: {} left {} values on the tape",
                 self.program.entry().name,
                 buf.len
-            ));
+            )
+            .into());
         }
         Ok(out)
     }
@@ -194,7 +233,7 @@ impl CompiledScalar {
     /// # Safety
     /// `buf` must describe memory the program may use as its tape: for a
     /// program that pushes, a Vec's parts.
-    unsafe fn run(&self, args: &[Scalar], buf: &mut TapeBuf) -> Result<Vec<Scalar>, String> {
+    unsafe fn run(&self, args: &[Scalar], buf: &mut TapeBuf) -> Result<Vec<Scalar>, ScalarError> {
         let entry = self.program.entry();
         if args.len() != entry.params.len()
             || args.iter().zip(&entry.params).any(|(a, t)| a.ty() != *t)
@@ -202,7 +241,8 @@ impl CompiledScalar {
             return Err(format!(
                 "{}: expected arguments of types {:?}, got {:?}",
                 entry.name, entry.params, args
-            ));
+            )
+            .into());
         }
         let bits: Vec<u64> = args.iter().map(|a| a.to_bits()).collect();
         let mut out = vec![0u64; entry.results.len().max(1)];
@@ -211,7 +251,7 @@ impl CompiledScalar {
         // code was compiled for; the caller vouches for `buf`.
         unsafe { (self.func)(bits.as_ptr(), out.as_mut_ptr(), buf) };
         if adjoint_runtime::vm::interrupt_requested() {
-            return Err("interrupted".into());
+            return Err(String::from("interrupted").into());
         }
         match buf.fault {
             0 => {}
@@ -220,7 +260,8 @@ impl CompiledScalar {
                     "reverse mode's tape of this loop exceeds {} values of 8 bytes \
                      (or memory ran out)",
                     max_tape_slots()
-                ))
+                )
+                .into())
             }
             DIV_BY_ZERO | REM_BY_ZERO | NEGATIVE_POWER => {
                 let (op, rhs) = match buf.fault {
@@ -229,9 +270,16 @@ impl CompiledScalar {
                     _ => ("pow", buf.detail as i64),
                 };
                 let e = adjoint_runtime::kernels::map::int_operand_error(op, rhs);
-                return Err(e.unwrap_or_else(|| format!("internal error: {op} fault on {rhs}")));
+                return Err(ScalarError {
+                    message: e.unwrap_or_else(|| format!("internal error: {op} fault on {rhs}")),
+                    site: u32::try_from(buf.site).ok(),
+                });
             }
-            _ => return Err("internal error: a scalar program popped an empty tape".into()),
+            _ => {
+                return Err(
+                    String::from("internal error: a scalar program popped an empty tape").into(),
+                )
+            }
         }
         Ok(entry
             .results
@@ -514,7 +562,12 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                         // fault; the others call the runtime's power.
                         let tp = tp.expect("programs that may fault have the pointer");
                         let neg = b.ins().icmp_imm_s(IntCC::SignedLessThan, v(y), 0);
-                        fault_if(&mut b, neg, tp, NEGATIVE_POWER, Some(v(y)), stop);
+                        let fault = Fault {
+                            code: NEGATIVE_POWER,
+                            detail: Some(v(y)),
+                            site: inst.site,
+                        };
+                        fault_if(&mut b, neg, tp, fault, stop);
                         let fr = calls[&Import::Binary(SBinary::Pow, SType::I64)];
                         let call = b.ins().call(fr, &[v(x), v(y)]);
                         vec![b.inst_results(call)[0]]
@@ -532,7 +585,12 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                         } else {
                             REM_BY_ZERO
                         };
-                        fault_if(&mut b, zero, tp, code, None, stop);
+                        let fault = Fault {
+                            code,
+                            detail: None,
+                            site: inst.site,
+                        };
+                        fault_if(&mut b, zero, tp, fault, stop);
                         let minus_one = b.ins().icmp_imm_s(IntCC::Equal, v(y), -1);
                         let one = b.ins().iconst(types::I64, 1);
                         let d = b.ins().select(minus_one, one, v(y));
@@ -603,7 +661,12 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                         let n = inst.results.len() as i64;
                         let len = b.ins().load(types::I64, flags, tp, 8);
                         let under = b.ins().icmp_imm_s(IntCC::UnsignedLessThan, len, n);
-                        fault_if(&mut b, under, tp, TAPE_UNDERFLOW, None, stop);
+                        let fault = Fault {
+                            code: TAPE_UNDERFLOW,
+                            detail: None,
+                            site: None,
+                        };
+                        fault_if(&mut b, under, tp, fault, stop);
                         let rest = b.ins().iadd_imm_s(len, -n);
                         b.ins().store(flags, rest, tp, 8);
                         let base = b.ins().load(ptr, flags, tp, 0);
@@ -733,14 +796,21 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
     })
 }
 
-/// Stops the function (at `stop`) with fault `code`, and `detail` when
-/// there is one, if `cond` holds; code emitted next runs when it does not.
+/// A fault to raise: its code, what describes it (a negative exponent)
+/// and the site of the instruction that raises it.
+struct Fault {
+    code: u64,
+    detail: Option<Value>,
+    site: Option<u32>,
+}
+
+/// Stops the function (at `stop`) with `fault` if `cond` holds; code
+/// emitted next runs when it does not.
 fn fault_if(
     b: &mut FunctionBuilder,
     cond: Value,
     tp: Value,
-    code: u64,
-    detail: Option<Value>,
+    fault: Fault,
     stop: cranelift_codegen::ir::Block,
 ) {
     let flags = MemFlagsData::new().with_notrap().with_aligned();
@@ -748,10 +818,14 @@ fn fault_if(
     b.set_cold_block(fault_blk);
     b.ins().brif(cond, fault_blk, &[], ok_blk, &[]);
     b.switch_to_block(fault_blk);
-    let c = b.ins().iconst(types::I64, code as i64);
+    let c = b.ins().iconst(types::I64, fault.code as i64);
     b.ins().store(flags, c, tp, 24);
-    if let Some(d) = detail {
+    if let Some(d) = fault.detail {
         b.ins().store(flags, d, tp, 32);
+    }
+    if let Some(site) = fault.site {
+        let s = b.ins().iconst(types::I64, i64::from(site));
+        b.ins().store(flags, s, tp, 40);
     }
     b.ins().jump(stop, &[]);
     b.switch_to_block(ok_blk);

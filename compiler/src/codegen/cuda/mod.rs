@@ -277,6 +277,7 @@ pub fn retarget(m: &Module, roots: &[GraphId], plan: &mut Plan, device: &Arc<Cud
                 description,
                 form: KernelForm::Matmul(View::Plain, View::Plain),
                 then: None,
+                sites: Vec::new(),
             });
         }
     }
