@@ -149,6 +149,26 @@ fn cases(root: &Path) -> Vec<Case> {
         entry: simple.clone(),
         compile: false,
     });
+    for (name, what, entry) in [
+        (
+            "loop_tensor_grad",
+            "gradient of y <- tanh(y)*0.9 + exp(-y*y)*0.1, 1000 steps, 1000 f32",
+            "run_grad",
+        ),
+        (
+            "loop_tensor_fwd",
+            "y <- tanh(y)*0.9 + exp(-y*y)*0.1, 1000 steps, 1000 f32 (forward only)",
+            "run_fwd",
+        ),
+    ] {
+        v.push(Case {
+            name,
+            what: what.to_string(),
+            file: "benches/programs/loop_tensor.adj",
+            entry: format!("    {entry}(REPS);\n"),
+            compile: false,
+        });
+    }
     v.push(Case {
         name: "map16m",
         what: "y = tanh(2x+1)*sigmoid(x) - x/3 on 2^24 f32".to_string(),

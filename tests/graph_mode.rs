@@ -90,7 +90,11 @@ fn main() {{
 fn gmm_gradient_optimises_to_one_closure_free_graph() {
     let src = gmm_program();
     assert_closure_free("gmm.adj", &src, &["tuple_grad"]);
-    assert_eq!(run(Mode::Graph, &src), run(Mode::Eager, &src));
+    // Chains of three or more element-wise operations are fused kernels
+    // even over these small shapes; their `exp` and fused multiply-adds
+    // round differently from eager mode's operations, within the parity
+    // tolerance.
+    assert_close(&run(Mode::Graph, &src), &run(Mode::Eager, &src), 1e-10);
 }
 
 /// One SGD step of a ReLU network, large enough for kernels: the dense

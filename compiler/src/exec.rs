@@ -505,6 +505,7 @@ fn schedule(
     g: GraphId,
     body: &[NodeId],
     fv: &FreeVars,
+    lifted: &Lifted,
     plan: Option<&crate::fuse::Plan>,
 ) -> Vec<Unit> {
     let unit = |n: NodeId| match plan.and_then(|p| p.member_of.get(&n)) {
@@ -514,6 +515,7 @@ fn schedule(
     let Some(plan) = plan.filter(|p| body.iter().any(|n| p.member_of.contains_key(n))) else {
         return body.iter().map(|n| Unit::Node(*n)).collect();
     };
+    let all = body;
     // Absorbed nodes are computed by the kernels that use them, never on
     // their own.
     let body: Vec<NodeId> = body
@@ -544,9 +546,12 @@ fn schedule(
                 stack.extend_from_slice(m.inputs(x));
                 continue;
             }
+            // A graph's value needs its free variables; a call of a lifted
+            // graph passes the free variables of its whole class.
             let mut srcs = vec![x];
             if let Some(Const::Graph(h)) = m.as_const(x) {
                 srcs.extend(fv.get(*h).iter().copied());
+                srcs.extend(lifted.extra.get(h).into_iter().flatten().copied());
             }
             for s in srcs {
                 if pos.contains_key(&s) && m.node(s).graph == Some(g) {
@@ -591,6 +596,12 @@ fn schedule(
             }
         }
     }
+    if order.len() < units.len() {
+        // A group and a value outside it that need each other (fusion
+        // should form no such group): this graph runs without its
+        // kernels, every node on its own, in body order.
+        return all.iter().map(|n| Unit::Node(*n)).collect();
+    }
     order
 }
 
@@ -629,7 +640,7 @@ fn compile_graph(
         message: format!("graph @{} has no output", graph.name),
         loc: graph.loc,
     })?;
-    let order = schedule(m, g, body, fv, plan);
+    let order = schedule(m, g, body, fv, ex.lifted, plan);
     let mut tail = false;
     for unit in order {
         let n = match unit {

@@ -15,8 +15,9 @@
 //! outside a group are kernel inputs, read with broadcast strides; weak
 //! literal scalars are constants of the kernel. A reduction (`sum`, `max`,
 //! `min`, `prod`) of a group's only result closes the group. Groups over
-//! fewer than [`MIN_ELEMENTS`] elements are left to the reference kernels:
-//! for small tensors a call costs more than it saves.
+//! fewer than [`MIN_ELEMENTS`] elements with fewer than
+//! [`MIN_SMALL_MEMBERS`] members are left to the reference kernels: for
+//! small tensors one call costs about what it saves.
 //!
 //! A kernel may also *recompute* a node from outside the group instead of
 //! reading its value: the comparison that is a `where`'s condition (a bool
@@ -47,12 +48,22 @@ use crate::codegen::kernel::{
     BinaryOp, InputSpec, KDType, KExpr, KId, KernelSpec, ReduceOp, ReduceSpec, UnaryOp,
 };
 use crate::infer::{AbsVal, Types};
-use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs};
+use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
 use crate::ir::{Const, GraphId, Module, NodeId};
 use crate::prim::Prim;
 
-/// Groups smaller than this many elements are not compiled.
+/// Groups smaller than this many elements are compiled only when they
+/// have at least [`MIN_SMALL_MEMBERS`] members.
 pub const MIN_ELEMENTS: usize = 4096;
+
+/// The fewest members a group over fewer than [`MIN_ELEMENTS`] elements
+/// needs to be compiled. On small tensors a kernel call costs about what
+/// a reference kernel does (measured: one `mul` over 16–256 f32 in a
+/// loop, 0.2 µs a step slower; two operations, even), so a kernel pays
+/// when it replaces three or more calls and the tensors between them (a
+/// 3000-step loop of `tanh(y) * 0.9 + exp(-y * y) * 0.1` over 1000 f32:
+/// 36 ms to 11 ms).
+pub const MIN_SMALL_MEMBERS: usize = 3;
 
 /// One compiled group.
 pub struct Group {
@@ -379,7 +390,7 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
                 graph: *g,
             };
             epilogue_groups(&cx, &body, &users, &escapes, &mut plan);
-            elementwise_groups(&cx, &body, &users, &escapes, &mut plan);
+            elementwise_groups(&cx, &body, &fv, &users, &escapes, &mut plan);
         }
         matmul_groups(m, *g, &body, &mut plan);
     }
@@ -719,6 +730,7 @@ impl Cx<'_> {
 fn elementwise_groups(
     cx: &Cx,
     body: &[NodeId],
+    fv: &FreeVars,
     users: &HashMap<NodeId, Vec<NodeId>>,
     escapes: &HashSet<NodeId>,
     plan: &mut Plan,
@@ -808,8 +820,20 @@ fn elementwise_groups(
             }
             group_of.insert(n, gi);
         }
+        // What `n` needs: its operands, its callee, and the free variables
+        // of the graphs it names (a call of a `switch`'s branch runs with
+        // the values the branch captures), so that no group is formed
+        // around a call that needs one of its members.
+        let mut needs: Vec<NodeId> = m.inputs(n).iter().chain(ins).copied().collect();
+        for &i in m.inputs(n) {
+            for x in std::iter::once(i).chain(m.inputs(i).iter().copied()) {
+                if let Some(Const::Graph(h)) = m.as_const(x) {
+                    needs.extend(fv.get(*h).iter().copied());
+                }
+            }
+        }
         let mut dep: HashSet<usize> = HashSet::new();
-        for i in real.iter().chain(ins) {
+        for i in &needs {
             if let Some(d) = depends.get(i) {
                 dep.extend(d.iter().map(|g| find(&parent, *g)));
             }
@@ -1046,7 +1070,7 @@ fn build(
     escapes: &HashSet<NodeId>,
 ) -> Option<Group> {
     let (m, types) = (cx.m, cx.types);
-    if f.shape.iter().product::<usize>() < MIN_ELEMENTS {
+    if f.shape.iter().product::<usize>() < MIN_ELEMENTS && f.members.len() < MIN_SMALL_MEMBERS {
         return None;
     }
     let members: HashSet<NodeId> = f.members.iter().copied().collect();

@@ -69,16 +69,28 @@ pub fn unary(op: &str, args: &[Value]) -> Result<Value, RtError> {
     Ok(Value::Tensor(Tensor::new(buf, x.shape())?.with_weak(weak)))
 }
 
-fn arith_fn<T: Num>(op: &str) -> Result<fn(T, T) -> T, RtError> {
+/// Arithmetic `op` of `x` and `y` broadcast to `out`. Each operation is
+/// its own instance of the loop, so the compiler inlines it (and
+/// vectorises the loops over contiguous operands) instead of calling a
+/// function pointer per element.
+fn arith<T: Num>(
+    op: &str,
+    x: &[T],
+    xs: &[usize],
+    y: &[T],
+    ys: &[usize],
+    out: &[usize],
+) -> Result<Vec<T>, RtError> {
+    let zip = |f: fn(T, T) -> T| zip_broadcast(x, xs, y, ys, out, f);
     Ok(match op {
-        "add" => T::add,
-        "sub" => T::sub,
-        "mul" => T::mul,
-        "div" => T::div,
-        "rem" => T::rem,
-        "pow" => T::pow,
-        "maximum" => T::maximum,
-        "minimum" => T::minimum,
+        "add" => zip_broadcast(x, xs, y, ys, out, |a, b| a.add(b)),
+        "sub" => zip_broadcast(x, xs, y, ys, out, |a, b| a.sub(b)),
+        "mul" => zip_broadcast(x, xs, y, ys, out, |a, b| a.mul(b)),
+        "div" => zip_broadcast(x, xs, y, ys, out, |a, b| a.div(b)),
+        "maximum" => zip_broadcast(x, xs, y, ys, out, |a, b| a.maximum(b)),
+        "minimum" => zip_broadcast(x, xs, y, ys, out, |a, b| a.minimum(b)),
+        "rem" => zip(T::rem),
+        "pow" => zip(T::pow),
         _ => return Err(RtError::internal(format!("{op} is not arithmetic"))),
     })
 }
@@ -143,7 +155,7 @@ pub fn binary(op: &str, args: &[Value]) -> Result<Value, RtError> {
         Some(BinaryClass::Arith) => dispatch_numeric!(cdt, T => {
             let (x, y) = (typed::<T>(&a)?, typed::<T>(&b)?);
             check_int_operands(op, y, n)?;
-            T::wrap(zip_broadcast(x, a.shape(), y, b.shape(), &out, arith_fn::<T>(op)?))
+            T::wrap(arith::<T>(op, x, a.shape(), y, b.shape(), &out)?)
         }, else return Err(not_here())),
         Some(BinaryClass::Compare) => dispatch_all!(cdt, T => {
             let (x, y) = (typed::<T>(&a)?, typed::<T>(&b)?);
