@@ -152,12 +152,12 @@ fn cases(root: &Path) -> Vec<Case> {
     for (name, what, entry) in [
         (
             "loop_tensor_grad",
-            "gradient of y <- tanh(y)*0.9 + exp(-y*y)*0.1, 1000 steps, 1000 f32",
+            "gradient of y <- y + 0.01*tanh(y)*exp(-y*y), 1000 steps, 1000 f32",
             "run_grad",
         ),
         (
             "loop_tensor_fwd",
-            "y <- tanh(y)*0.9 + exp(-y*y)*0.1, 1000 steps, 1000 f32 (forward only)",
+            "y <- y + 0.01*tanh(y)*exp(-y*y), 1000 steps, 1000 f32 (forward only)",
             "run_fwd",
         ),
     ] {
