@@ -27,6 +27,7 @@ use adjoint_runtime::tensor::Tensor;
 use adjoint_runtime::value::{Closure, CodeId, Value};
 use adjoint_runtime::vm::{Code, Instr, LocIndex, Operand, Program};
 
+use crate::fuse::order::Unit;
 use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
 use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
 use crate::prim::Prim;
@@ -491,15 +492,10 @@ impl CodeBuilder<'_> {
     }
 }
 
-/// What to emit next: a node, or a fused group (by index in the plan).
-#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
-enum Unit {
-    Node(NodeId),
-    Group(usize),
-}
-
-/// The body in an order where each fused group is one step: every unit
-/// after the units it depends on, otherwise in body order.
+/// The body in an order where each fused group is one step
+/// ([`crate::fuse::order`]): every unit after the units it needs,
+/// otherwise in body order. A call of a lifted graph passes the free
+/// variables of its whole class, so it needs them all.
 fn schedule(
     m: &Module,
     g: GraphId,
@@ -508,101 +504,26 @@ fn schedule(
     lifted: &Lifted,
     plan: Option<&crate::fuse::Plan>,
 ) -> Vec<Unit> {
-    let unit = |n: NodeId| match plan.and_then(|p| p.member_of.get(&n)) {
-        Some(gi) => Unit::Group(*gi),
-        None => Unit::Node(n),
-    };
     let Some(plan) = plan.filter(|p| body.iter().any(|n| p.member_of.contains_key(n))) else {
         return body.iter().map(|n| Unit::Node(*n)).collect();
     };
-    let all = body;
-    // Absorbed nodes are computed by the kernels that use them, never on
-    // their own.
-    let body: Vec<NodeId> = body
-        .iter()
-        .copied()
-        .filter(|n| !plan.absorbed.contains(n))
-        .collect();
-    let pos: HashMap<NodeId, usize> = body.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let mut first: HashMap<Unit, usize> = HashMap::new();
-    let mut deps: HashMap<Unit, std::collections::HashSet<Unit>> = HashMap::new();
-    for (i, &n) in body.iter().enumerate() {
-        let u = unit(n);
-        first.entry(u).or_insert(i);
-        let d = deps.entry(u).or_default();
-        // A kernel depends on the operands of the nodes it recomputes,
-        // not on those nodes.
-        let recomputed: &[NodeId] = match u {
-            Unit::Group(gi) => &plan.groups[gi].recomputed,
-            Unit::Node(_) => &[],
-        };
-        let mut stack: Vec<NodeId> = m.inputs(n).to_vec();
-        let mut seen = std::collections::HashSet::new();
-        while let Some(x) = stack.pop() {
-            if !seen.insert(x) {
-                continue;
+    let extra = |h: GraphId| lifted.extra.get(&h).cloned().unwrap_or_default();
+    match crate::fuse::order::units(m, g, body, fv, &extra, plan).order() {
+        Ok(order) => order,
+        Err(left) => {
+            // Fusion leaves no cycle it can see; one through a lifted
+            // class runs this graph without its kernels, every node on
+            // its own, in body order.
+            if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
+                eprintln!(
+                    "fuse: @{}: {} steps need each other; the graph runs without kernels",
+                    m.graph(g).name,
+                    left.len()
+                );
             }
-            if recomputed.contains(&x) || plan.absorbed.contains(&x) {
-                stack.extend_from_slice(m.inputs(x));
-                continue;
-            }
-            // A graph's value needs its free variables; a call of a lifted
-            // graph passes the free variables of its whole class.
-            let mut srcs = vec![x];
-            if let Some(Const::Graph(h)) = m.as_const(x) {
-                srcs.extend(fv.get(*h).iter().copied());
-                srcs.extend(lifted.extra.get(h).into_iter().flatten().copied());
-            }
-            for s in srcs {
-                if pos.contains_key(&s) && m.node(s).graph == Some(g) {
-                    let us = unit(s);
-                    if us != u {
-                        d.insert(us);
-                    }
-                }
-            }
+            body.iter().map(|n| Unit::Node(*n)).collect()
         }
     }
-    let mut indeg: HashMap<Unit, usize> = first.keys().map(|u| (*u, 0)).collect();
-    let mut rdeps: HashMap<Unit, Vec<Unit>> = HashMap::new();
-    for (u, ds) in &deps {
-        *indeg.get_mut(u).expect("unit") += ds.len();
-        for d in ds {
-            rdeps.entry(*d).or_default().push(*u);
-        }
-    }
-    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<(usize, usize)>> =
-        std::collections::BinaryHeap::new();
-    let units: Vec<Unit> = {
-        let mut v: Vec<(usize, Unit)> = first.iter().map(|(u, i)| (*i, *u)).collect();
-        v.sort_by_key(|(i, _)| *i);
-        v.into_iter().map(|(_, u)| u).collect()
-    };
-    let index: HashMap<Unit, usize> = units.iter().enumerate().map(|(i, u)| (*u, i)).collect();
-    for (i, u) in units.iter().enumerate() {
-        if indeg[u] == 0 {
-            ready.push(std::cmp::Reverse((first[u], i)));
-        }
-    }
-    let mut order = Vec::with_capacity(units.len());
-    while let Some(std::cmp::Reverse((_, i))) = ready.pop() {
-        let u = units[i];
-        order.push(u);
-        for r in rdeps.get(&u).cloned().unwrap_or_default() {
-            let k = indeg.get_mut(&r).expect("unit");
-            *k -= 1;
-            if *k == 0 {
-                ready.push(std::cmp::Reverse((first[&r], index[&r])));
-            }
-        }
-    }
-    if order.len() < units.len() {
-        // A group and a value outside it that need each other (fusion
-        // should form no such group): this graph runs without its
-        // kernels, every node on its own, in body order.
-        return all.iter().map(|n| Unit::Node(*n)).collect();
-    }
-    order
 }
 
 /// Compiles graph `g`, whose body ([`graph_body_with`]) is `body`.

@@ -32,6 +32,7 @@
 pub mod epilogue;
 pub mod form;
 pub mod matmul;
+pub mod order;
 mod reverse;
 pub mod scalar;
 
@@ -394,6 +395,7 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
         }
         matmul_groups(m, *g, &body, &mut plan);
     }
+    order::break_cycles(m, &fv, &mut plan);
     // Recomputed nodes that only their recomputing groups use.
     let mut recomputed_by: HashMap<NodeId, HashSet<usize>> = HashMap::new();
     for (gi, group) in plan.groups.iter().enumerate() {
