@@ -88,7 +88,10 @@ fn fusion_leaves_no_cycle_for_exec() {
         .expect("run the adjoint binary");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stdout.contains("ok (tolerance 1e-6)"), "{stdout}{stderr}");
+    assert!(
+        out.status.success() && stdout.contains("ok (tolerance 1e-6)"),
+        "{stdout}{stderr}"
+    );
     assert!(stderr.contains("on a cycle of steps"), "{stderr}");
     assert!(!stderr.contains("need each other"), "{stderr}");
 }

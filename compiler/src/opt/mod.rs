@@ -29,6 +29,7 @@
 //! at, so errors still point at the user's source.
 
 mod inline;
+mod prune;
 mod simplify;
 mod specialize;
 mod typed;
@@ -154,9 +155,14 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             }
             rw.cse(*g, &bodies[g]);
         }
-        let changed = rw.changed;
+        let mut changed = rw.changed;
         rw.apply_forwarding();
         snap = detach_dead_then_snapshot(m, roots);
+        let pruned = prune::prune_branch_results(m, &snap);
+        if pruned > 0 {
+            changed += pruned;
+            snap = detach_dead_then_snapshot(m, roots);
+        }
         if std::env::var_os("ADJOINT_OPT_DUMP").is_some() {
             eprintln!("{}", crate::ir::print::print_module(m, roots, None));
         }
