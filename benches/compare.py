@@ -55,6 +55,8 @@ ROWS = [
     ("gmm_d20_grad", "2. GMM obj+grad d=20 K=50 (f64)"),
     ("loop_grad", "3. grad of 1000-step sin loop (f64)"),
     ("loop_fwd", "3b. 1000-step sin loop, forward (f64)"),
+    ("loop_tensor_grad", "3c. grad of 1000-step loop, 1000 f32"),
+    ("loop_tensor_fwd", "3d. 1000-step loop, 1000 f32, forward"),
     ("map16m", "4. tanh*sigmoid map, 16M f32"),
     ("gmm_d10_obj", "   GMM objective only d=10 K=25"),
     ("gmm_d20_obj", "   GMM objective only d=20 K=50"),
@@ -193,6 +195,22 @@ def bench_jax(cases, budget, max_reps, log):
         out["loop_fwd"], _ = time_fn(lambda: jax.block_until_ready(fl(x0)), budget, max_reps)
         log("jax loop_fwd done")
 
+    # 3c, 3d: a loop over a small tensor (fori_loop: a static trip count,
+    # which JAX needs for reverse mode), gradient and forward
+    xt = jnp.sin(jnp.arange(1000, dtype=jnp.float32)) * jnp.float32(0.5)
+
+    def tensor_loop(x):
+        step = lambda i, y: y + 0.01 * jnp.tanh(y) * jnp.exp(-y * y)
+        return jnp.sum(jax.lax.fori_loop(0, 1000, step, x))
+    if "loop_tensor_grad" in cases:
+        tg = jax.jit(jax.grad(tensor_loop))
+        out["loop_tensor_grad"], _ = time_fn(lambda: jax.block_until_ready(tg(xt)), budget, max_reps)
+        log("jax loop_tensor_grad done")
+    if "loop_tensor_fwd" in cases:
+        tf = jax.jit(tensor_loop)
+        out["loop_tensor_fwd"], _ = time_fn(lambda: jax.block_until_ready(tf(xt)), budget, max_reps)
+        log("jax loop_tensor_fwd done")
+
     # 4: element-wise map on 16M f32
     if "map16m" in cases:
         f = jax.jit(lambda x: jnp.tanh(2.0 * x + 1.0) * jax.nn.sigmoid(x) - x / 3.0)
@@ -297,6 +315,26 @@ def bench_torch(cases, budget, max_reps, log):
         out["loop_fwd"], _ = time_fn(fl, budget, max_reps)
         log("torch loop_fwd done")
 
+    xt = torch.sin(torch.arange(1000, dtype=torch.float32)) * 0.5
+
+    def tensor_loop(x):
+        y = x
+        for _ in range(1000):
+            y = y + 0.01 * torch.tanh(y) * torch.exp(-y * y)
+        return y.sum()
+    if "loop_tensor_grad" in cases:
+        def tg():
+            x0 = xt.clone().requires_grad_(True)
+            return torch.autograd.grad(tensor_loop(x0), x0)[0]
+        out["loop_tensor_grad"], _ = time_fn(tg, budget, max_reps)
+        log("torch loop_tensor_grad done")
+    if "loop_tensor_fwd" in cases:
+        def tf():
+            with torch.no_grad():
+                return tensor_loop(xt).item()
+        out["loop_tensor_fwd"], _ = time_fn(tf, budget, max_reps)
+        log("torch loop_tensor_fwd done")
+
     if "map16m" in cases:
         x = torch.randn(1 << 24, generator=torch.Generator().manual_seed(7), dtype=torch.float32)
 
@@ -391,7 +429,8 @@ def main():
         THREADS[0] = args.threads
     if args.quick:
         args.budget, args.max_reps = 0.5, 10
-    all_cases = ["mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d20_grad", "gmm_d20_obj", "loop_grad", "loop_fwd", "map16m"]
+    all_cases = ["mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d20_grad", "gmm_d20_obj", "loop_grad", "loop_fwd",
+                 "loop_tensor_grad", "loop_tensor_fwd", "map16m"]
     cases = [c for c in all_cases if args.only is None or any(c.startswith(o) for o in args.only)]
 
     t_start = time.perf_counter()

@@ -31,14 +31,16 @@ fn float_fn<T: Float>(op: &str) -> Result<fn(T) -> T, RtError> {
     })
 }
 
-fn numeric_fn<T: Num>(op: &str) -> Result<fn(T) -> T, RtError> {
+/// Numeric map `op` of `x`, each operation its own loop (see [`arith`]).
+fn numeric<T: Num + Element>(op: &str, x: &[T]) -> Result<Buffer, RtError> {
+    let map = |f: &dyn Fn(T) -> T| T::wrap(x.iter().map(|&v| f(v)).collect());
     Ok(match op {
-        "neg" => T::neg,
-        "abs" => T::abs,
-        "sign" => T::sign,
-        "relu" => T::relu,
-        "floor" => T::floor,
-        "ceil" => T::ceil,
+        "neg" => T::wrap(x.iter().map(|&v| v.neg()).collect()),
+        "abs" => T::wrap(x.iter().map(|&v| v.abs()).collect()),
+        "relu" => T::wrap(x.iter().map(|&v| v.relu()).collect()),
+        "sign" => map(&T::sign),
+        "floor" => map(&T::floor),
+        "ceil" => map(&T::ceil),
         _ => return Err(RtError::internal(format!("{op} is not a numeric map"))),
     })
 }
@@ -61,7 +63,7 @@ pub fn unary(op: &str, args: &[Value]) -> Result<Value, RtError> {
             dispatch_float!(dt, T => map_vec(typed::<T>(&x)?, float_fn::<T>(op)?), else return Err(not_here()))
         }
         Some(UnaryClass::Numeric) => {
-            dispatch_numeric!(dt, T => map_vec(typed::<T>(&x)?, numeric_fn::<T>(op)?), else return Err(not_here()))
+            dispatch_numeric!(dt, T => numeric::<T>(op, typed::<T>(&x)?)?, else return Err(not_here()))
         }
         Some(UnaryClass::Logical) => bool::wrap(typed::<bool>(&x)?.iter().map(|v| !v).collect()),
         None => return Err(not_here()),
