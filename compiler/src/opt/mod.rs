@@ -155,14 +155,9 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             }
             rw.cse(*g, &bodies[g]);
         }
-        let mut changed = rw.changed;
+        let changed = rw.changed;
         rw.apply_forwarding();
         snap = detach_dead_then_snapshot(m, roots);
-        let pruned = prune::prune_branch_results(m, &snap);
-        if pruned > 0 {
-            changed += pruned;
-            snap = detach_dead_then_snapshot(m, roots);
-        }
         if std::env::var_os("ADJOINT_OPT_DUMP").is_some() {
             eprintln!("{}", crate::ir::print::print_module(m, roots, None));
         }
@@ -176,6 +171,13 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             );
         }
         if changed == 0 {
+            // At a fixpoint, what no rewrite reaches: the unread slots of
+            // branch results (escaped backpropagators' rules), then
+            // another round to clean up after them.
+            if prune::prune_branch_results(m, &snap) > 0 {
+                snap = detach_dead_then_snapshot(m, roots);
+                continue;
+            }
             let Some((entry, args)) = &opts.entry else {
                 break;
             };
