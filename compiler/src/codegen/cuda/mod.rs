@@ -241,6 +241,11 @@ impl NativeKernel for CudaMatmulKernel {
 pub fn retarget(m: &Module, roots: &[GraphId], plan: &mut Plan, device: &Arc<CudaDevice>) {
     for g in plan.groups.iter_mut() {
         match &g.form {
+            // Groups over small tensors (fused for the CPU because they
+            // save calls in loops) would cost a round trip to the device
+            // each: they stay on the CPU.
+            KernelForm::Fused(spec)
+                if spec.shape.iter().product::<usize>() < crate::fuse::MIN_ELEMENTS => {}
             KernelForm::Fused(spec) => {
                 let name = format!("cuda:{}", g.kernel.name());
                 g.kernel = Arc::new(CudaFusedKernel::new(device.clone(), spec, name));
