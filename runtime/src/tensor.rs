@@ -405,6 +405,19 @@ fn shape_arc(shape: &[usize]) -> Arc<[usize]> {
 }
 
 impl Tensor {
+    /// A strong tensor from a buffer whose size matches the shape of
+    /// `like`, sharing that shape (no allocation for it).
+    pub fn with_shape_of(buffer: Buffer, like: &Tensor) -> Result<Tensor, RtError> {
+        if like.len() != buffer.len() {
+            return Tensor::new(buffer, like.shape());
+        }
+        Ok(Tensor {
+            buffer,
+            shape: like.shape.clone(),
+            weak: false,
+        })
+    }
+
     /// A strong tensor from a buffer and a shape whose size matches it.
     pub fn new(buffer: Buffer, shape: &[usize]) -> Result<Tensor, RtError> {
         let size = crate::shape::checked_size(shape)

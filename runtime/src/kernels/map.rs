@@ -68,7 +68,9 @@ pub fn unary(op: &str, args: &[Value]) -> Result<Value, RtError> {
         Some(UnaryClass::Logical) => bool::wrap(typed::<bool>(&x)?.iter().map(|v| !v).collect()),
         None => return Err(not_here()),
     };
-    Ok(Value::Tensor(Tensor::new(buf, x.shape())?.with_weak(weak)))
+    Ok(Value::Tensor(
+        Tensor::with_shape_of(buf, &x)?.with_weak(weak),
+    ))
 }
 
 /// Arithmetic `op` of `x` and `y` broadcast to `out`. Each operation is
@@ -175,7 +177,15 @@ pub fn binary(op: &str, args: &[Value]) -> Result<Value, RtError> {
         None => return Err(not_here()),
     };
     debug_assert_eq!(buf.dtype(), rdt);
-    Ok(Value::Tensor(Tensor::new(buf, &out)?.with_weak(rweak)))
+    // The result usually has an operand's shape: share it.
+    let t = if out == a.shape() {
+        Tensor::with_shape_of(buf, &a)?
+    } else if out == b.shape() {
+        Tensor::with_shape_of(buf, &b)?
+    } else {
+        Tensor::new(buf, &out)?
+    };
+    Ok(Value::Tensor(t.with_weak(rweak)))
 }
 
 /// `where(c, a, b)`: `a` where the bool `c` holds, else `b`; all three broadcast.
