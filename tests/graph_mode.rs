@@ -2,7 +2,7 @@
 //! gradients become one first-order graph of primitives, and graph mode
 //! prints what eager mode prints.
 
-use adjoint::{Mode, Session};
+use adjoint::{Mode, Session, SessionError};
 
 /// An MLP's loss and its gradient over a parameter record, as in the
 /// digits example (smaller shapes).
@@ -32,6 +32,15 @@ fn run(mode: Mode, src: &str) -> String {
     s.run_main(&mut out)
         .unwrap_or_else(|e| panic!("{}", e.render(false)));
     String::from_utf8(out).unwrap()
+}
+
+/// Runs `main` of `src` (loaded as `name`), which must fail: what it
+/// printed first, and the error.
+fn run_failing(mode: Mode, name: &str, src: &str) -> (String, SessionError) {
+    let s = Session::new(mode).load_source(name, src).unwrap();
+    let mut out = Vec::new();
+    let err = s.run_main(&mut out).unwrap_err();
+    (String::from_utf8(out).unwrap(), err)
 }
 
 /// The optimised IR of `main`, checked to be one graph with none of AD's
@@ -706,14 +715,8 @@ fn main() {
     ] {
         assert!(kernels.contains(f), "{f} not native:\n{kernels}");
     }
-    let outputs = |mode: Mode| {
-        let s = Session::new(mode).load_source("div.adj", SRC).unwrap();
-        let mut out = Vec::new();
-        let err = s.run_main(&mut out).unwrap_err();
-        (String::from_utf8(out).unwrap(), err)
-    };
-    let (graph, graph_err) = outputs(Mode::Graph);
-    let (eager, eager_err) = outputs(Mode::Eager);
+    let (graph, graph_err) = run_failing(Mode::Graph, "div.adj", SRC);
+    let (eager, eager_err) = run_failing(Mode::Eager, "div.adj", SRC);
     assert_eq!(graph, eager);
     assert_eq!(graph.lines().count(), 3, "{graph}");
     for e in [&graph_err, &eager_err] {
@@ -774,15 +777,8 @@ fn main() {
         .unwrap();
     let kernels = graph.emit_kernels("main").unwrap();
     assert!(kernels.contains("recording its tape"), "{kernels}");
-    let run = |s: &Session| {
-        let mut out = Vec::new();
-        let err = s.run_main(&mut out).unwrap_err();
-        (String::from_utf8(out).unwrap(), err)
-    };
-    let eager = Session::new(Mode::Eager)
-        .load_source("fault.adj", SRC)
-        .unwrap();
-    let ((graph_out, graph_err), (eager_out, eager_err)) = (run(&graph), run(&eager));
+    let (graph_out, graph_err) = run_failing(Mode::Graph, "fault.adj", SRC);
+    let (eager_out, eager_err) = run_failing(Mode::Eager, "fault.adj", SRC);
     assert_close(&graph_out, &eager_out, 1e-10);
     assert_eq!(graph_out.lines().count(), 1, "{graph_out}");
     for e in [&graph_err, &eager_err] {

@@ -8,22 +8,32 @@
 use std::process::{Command, Stdio};
 
 fn check_grad(function: &str, at: &[&str]) {
+    check_grad_with(function, at, &[]);
+}
+
+/// [`check_grad`] with environment variables `env` set; its stderr.
+fn check_grad_with(function: &str, at: &[&str], env: &[(&str, &str)]) -> String {
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/stdlib/check_grad.adj");
     let mut args = vec!["check-grad", file, function, "--tolerance", "1e-6", "--at"];
     args.extend_from_slice(at);
     let out = Command::new(env!("CARGO_BIN_EXE_adjoint"))
         .args(&args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run the adjoint binary");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success() && stdout.contains("ok (tolerance 1e-6)"),
         "check-grad {function}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
     );
     assert!(stdout.contains("reverse vs forward mode"), "{stdout}");
+    stderr
 }
+
+/// Where `layer_norm` is checked: `x` and `gamma`.
+const LN_AT: [&str; 2] = ["[[1.0, 2.0, -0.5], [0.3, -1.2, 0.8]]", "[1.0, -0.5, 2.0]"];
 
 #[test]
 fn conv2d_with_stride_and_padding() {
@@ -38,10 +48,7 @@ fn conv2d_with_stride_and_padding() {
 
 #[test]
 fn layer_norm() {
-    check_grad(
-        "ln",
-        &["[[1.0, 2.0, -0.5], [0.3, -1.2, 0.8]]", "[1.0, -0.5, 2.0]"],
-    );
+    check_grad("ln", &LN_AT);
 }
 
 #[test]
@@ -70,28 +77,7 @@ fn cross_entropy_of_a_dense_layer() {
 /// now dissolves the few groups on such cycles itself.
 #[test]
 fn fusion_leaves_no_cycle_for_exec() {
-    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/stdlib/check_grad.adj");
-    let out = Command::new(env!("CARGO_BIN_EXE_adjoint"))
-        .args([
-            "check-grad",
-            file,
-            "ln",
-            "--tolerance",
-            "1e-6",
-            "--at",
-            "[[1.0, 2.0, -0.5], [0.3, -1.2, 0.8]]",
-            "[1.0, -0.5, 2.0]",
-        ])
-        .env("ADJOINT_FUSE_TRACE", "1")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the adjoint binary");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("ok (tolerance 1e-6)"),
-        "{stdout}{stderr}"
-    );
+    let stderr = check_grad_with("ln", &LN_AT, &[("ADJOINT_FUSE_TRACE", "1")]);
     assert!(stderr.contains("on a cycle of steps"), "{stderr}");
     assert!(!stderr.contains("need each other"), "{stderr}");
 }

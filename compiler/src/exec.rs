@@ -507,8 +507,7 @@ fn schedule(
     let Some(plan) = plan.filter(|p| body.iter().any(|n| p.member_of.contains_key(n))) else {
         return body.iter().map(|n| Unit::Node(*n)).collect();
     };
-    let extra = |h: GraphId| lifted.extra.get(&h).cloned().unwrap_or_default();
-    match crate::fuse::order::units(m, g, body, fv, &extra, plan).order() {
+    match crate::fuse::order::units(m, g, body, fv, Some(&lifted.extra), plan).order() {
         Ok(order) => order,
         Err(left) => {
             // Fusion leaves no cycle it can see; one through a lifted

@@ -362,11 +362,15 @@ struct Forming {
 pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
     let fv = free_variables(m);
     let graphs = reachable_graphs(m, roots);
+    let bodies: HashMap<GraphId, Vec<NodeId>> = graphs
+        .iter()
+        .map(|g| (*g, graph_body_with(m, *g, &fv)))
+        .collect();
     // Uses of every node: applications, graph outputs, captures.
     let mut users: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
     let mut escapes: HashSet<NodeId> = HashSet::new();
     for g in &graphs {
-        for n in graph_body_with(m, *g, &fv) {
+        for &n in &bodies[g] {
             for &i in m.inputs(n) {
                 users.entry(i).or_default().push(n);
             }
@@ -383,19 +387,19 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
         scalar::scalar_groups(m, &graphs, types, &fv, &mut plan);
     }
     for g in &graphs {
-        let body = graph_body_with(m, *g, &fv);
+        let body = &bodies[g];
         if let Some(types) = types {
             let cx = Cx {
                 m,
                 types,
                 graph: *g,
             };
-            epilogue_groups(&cx, &body, &users, &escapes, &mut plan);
-            elementwise_groups(&cx, &body, &fv, &users, &escapes, &mut plan);
+            epilogue_groups(&cx, body, &users, &escapes, &mut plan);
+            elementwise_groups(&cx, body, &fv, &users, &escapes, &mut plan);
         }
-        matmul_groups(m, *g, &body, &mut plan);
+        matmul_groups(m, *g, body, &mut plan);
     }
-    order::break_cycles(m, &fv, &mut plan);
+    order::break_cycles(m, &fv, &bodies, &mut plan);
     // Recomputed nodes that only their recomputing groups use.
     let mut recomputed_by: HashMap<NodeId, HashSet<usize>> = HashMap::new();
     for (gi, group) in plan.groups.iter().enumerate() {
@@ -823,15 +827,13 @@ fn elementwise_groups(
             group_of.insert(n, gi);
         }
         // What `n` needs: its operands, its callee, and the free variables
-        // of the graphs it names (a call of a `switch`'s branch runs with
-        // the values the branch captures), so that no group is formed
-        // around a call that needs one of its members.
+        // of the graphs it names (a `switch` of branches needs what they
+        // capture, and a call of it needs the `switch`), so that no group
+        // is formed around a call that needs one of its members.
         let mut needs: Vec<NodeId> = m.inputs(n).iter().chain(ins).copied().collect();
         for &i in m.inputs(n) {
-            for x in std::iter::once(i).chain(m.inputs(i).iter().copied()) {
-                if let Some(Const::Graph(h)) = m.as_const(x) {
-                    needs.extend(fv.get(*h).iter().copied());
-                }
+            if let Some(h) = m.as_graph(i) {
+                needs.extend(fv.get(h).iter().copied());
             }
         }
         let mut dep: HashSet<usize> = HashSet::new();

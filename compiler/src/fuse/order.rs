@@ -15,8 +15,8 @@ use std::collections::{HashMap, HashSet};
 
 use super::form::KernelForm;
 use super::Plan;
-use crate::ir::analysis::{graph_body_with, FreeVars};
-use crate::ir::{Const, GraphId, Module, NodeId};
+use crate::ir::analysis::FreeVars;
+use crate::ir::{GraphId, Module, NodeId};
 
 /// One step of a graph's schedule: a node, or a fused group (by index in
 /// the plan).
@@ -35,7 +35,7 @@ pub struct Units {
 
 /// The units of graph `g`'s body `body` under `plan`. A node needs its
 /// inputs and, for a graph it names, that graph's free variables and the
-/// values `extra` adds for it (a lifted graph's class); a group needs
+/// values `extra` lists for it (a lifted graph's class); a group needs
 /// what its members need, and the operands of the nodes it recomputes
 /// rather than those nodes. Absorbed nodes are not units.
 pub fn units(
@@ -43,7 +43,7 @@ pub fn units(
     g: GraphId,
     body: &[NodeId],
     fv: &FreeVars,
-    extra: &dyn Fn(GraphId) -> Vec<NodeId>,
+    extra: Option<&HashMap<GraphId, Vec<NodeId>>>,
     plan: &Plan,
 ) -> Units {
     let unit = |n: NodeId| match plan.member_of.get(&n) {
@@ -79,9 +79,9 @@ pub fn units(
                 continue;
             }
             let mut srcs = vec![x];
-            if let Some(Const::Graph(h)) = m.as_const(x) {
-                srcs.extend(fv.get(*h).iter().copied());
-                srcs.extend(extra(*h));
+            if let Some(h) = m.as_graph(x) {
+                srcs.extend(fv.get(h).iter().copied());
+                srcs.extend(extra.and_then(|e| e.get(&h)).into_iter().flatten());
             }
             for s in srcs {
                 if here.contains(&s) && m.node(s).graph == Some(g) {
@@ -170,21 +170,23 @@ impl Units {
 }
 
 /// Dissolves element-wise groups of `plan` until no graph's units form a
-/// cycle: of each cycle, the group with the fewest members. Runs before
-/// `plan.absorbed` is computed.
-pub(super) fn break_cycles(m: &Module, fv: &FreeVars, plan: &mut Plan) {
-    let none = |_: GraphId| Vec::new();
+/// cycle: of each cycle, the group with the fewest members. `bodies` are
+/// the graphs' bodies. Runs before `plan.absorbed` is computed.
+pub(super) fn break_cycles(
+    m: &Module,
+    fv: &FreeVars,
+    bodies: &HashMap<GraphId, Vec<NodeId>>,
+    plan: &mut Plan,
+) {
+    // The graphs to check: at first every graph with a group, then those
+    // that lost one.
+    let mut graphs: Vec<GraphId> = plan.groups.iter().map(|g| g.graph).collect();
     loop {
-        let graphs: Vec<GraphId> = {
-            let mut gs: Vec<GraphId> = plan.groups.iter().map(|g| g.graph).collect();
-            gs.sort();
-            gs.dedup();
-            gs
-        };
+        graphs.sort();
+        graphs.dedup();
         let mut dissolve: Vec<usize> = Vec::new();
-        for g in graphs {
-            let body = graph_body_with(m, g, fv);
-            let u = units(m, g, &body, fv, &none, plan);
+        for &g in &graphs {
+            let u = units(m, g, &bodies[&g], fv, None, plan);
             for cycle in u.cyclic_groups() {
                 let pick = cycle
                     .into_iter()
@@ -196,6 +198,9 @@ pub(super) fn break_cycles(m: &Module, fv: &FreeVars, plan: &mut Plan) {
         if dissolve.is_empty() {
             return;
         }
+        dissolve.sort();
+        dissolve.dedup();
+        graphs = dissolve.iter().map(|gi| plan.groups[*gi].graph).collect();
         if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
             for &gi in &dissolve {
                 let gr = &plan.groups[gi];
@@ -206,8 +211,6 @@ pub(super) fn break_cycles(m: &Module, fv: &FreeVars, plan: &mut Plan) {
                 );
             }
         }
-        dissolve.sort();
-        dissolve.dedup();
         for gi in dissolve.into_iter().rev() {
             plan.groups.remove(gi);
         }

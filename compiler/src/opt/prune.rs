@@ -32,15 +32,15 @@ pub(super) fn prune_branch_results(m: &mut Module, (fv, graphs, bodies): &Snapsh
         for &n in &bodies[g] {
             for &i in m.inputs(n) {
                 users.entry(i).or_default().push(n);
-                if let Some(Const::Graph(h)) = m.as_const(i) {
-                    *refs.entry(*h).or_default() += 1;
+                if let Some(h) = m.as_graph(i) {
+                    *refs.entry(h).or_default() += 1;
                 }
             }
         }
         if let Some(o) = m.graph(*g).output {
             kept.insert(o);
-            if let Some(Const::Graph(h)) = m.as_const(o) {
-                *refs.entry(*h).or_default() += 1;
+            if let Some(h) = m.as_graph(o) {
+                *refs.entry(h).or_default() += 1;
             }
         }
         captured.extend(fv.get(*g).iter().copied());
@@ -49,9 +49,9 @@ pub(super) fn prune_branch_results(m: &mut Module, (fv, graphs, bodies): &Snapsh
     let mut changed = 0;
     for g in graphs {
         for &s in &bodies[g] {
-            if m.applied_prim(s) != Some(Prim::Switch) {
+            let Some((_, a, b)) = m.graph_switch(s) else {
                 continue;
-            }
+            };
             // The switch is only called, once, and the call's result is
             // only taken apart.
             let [call] = users.get(&s).map(Vec::as_slice).unwrap_or_default() else {
@@ -63,14 +63,7 @@ pub(super) fn prune_branch_results(m: &mut Module, (fv, graphs, bodies): &Snapsh
             let Some(read) = slots_read(m, *call, &users) else {
                 continue;
             };
-            let branches: Vec<GraphId> = m.inputs(s)[2..]
-                .iter()
-                .filter_map(|b| match m.as_const(*b) {
-                    Some(Const::Graph(h)) => Some(*h),
-                    _ => None,
-                })
-                .collect();
-            for h in branches {
+            for h in [a, b] {
                 if refs.get(&h) == Some(&1) && prune(m, h, &read, &users, &captured) {
                     changed += 1;
                 }

@@ -31,21 +31,23 @@ fn float_fn<T: Float>(op: &str) -> Result<fn(T) -> T, RtError> {
     })
 }
 
-/// Numeric map `op` of `x`, each operation its own loop (see [`arith`]).
+/// Numeric map `op` of `x`, each operation its own loop (see [`map_vec`]).
 fn numeric<T: Num + Element>(op: &str, x: &[T]) -> Result<Buffer, RtError> {
-    let map = |f: &dyn Fn(T) -> T| T::wrap(x.iter().map(|&v| f(v)).collect());
     Ok(match op {
-        "neg" => T::wrap(x.iter().map(|&v| v.neg()).collect()),
-        "abs" => T::wrap(x.iter().map(|&v| v.abs()).collect()),
-        "relu" => T::wrap(x.iter().map(|&v| v.relu()).collect()),
-        "sign" => map(&T::sign),
-        "floor" => map(&T::floor),
-        "ceil" => map(&T::ceil),
+        "neg" => map_vec(x, T::neg),
+        "abs" => map_vec(x, T::abs),
+        "relu" => map_vec(x, T::relu),
+        "sign" => map_vec(x, T::sign),
+        "floor" => map_vec(x, T::floor),
+        "ceil" => map_vec(x, T::ceil),
         _ => return Err(RtError::internal(format!("{op} is not a numeric map"))),
     })
 }
 
-fn map_vec<T: Element>(x: &[T], f: fn(T) -> T) -> Buffer {
+/// `f` of every element. Given a function item (`T::neg`), each use is
+/// its own loop, inlined and vectorised; given a pointer, a call per
+/// element.
+fn map_vec<T: Element>(x: &[T], f: impl Fn(T) -> T) -> Buffer {
     T::wrap(x.iter().map(|&v| f(v)).collect())
 }
 
@@ -74,9 +76,9 @@ pub fn unary(op: &str, args: &[Value]) -> Result<Value, RtError> {
 }
 
 /// Arithmetic `op` of `x` and `y` broadcast to `out`. Each operation is
-/// its own instance of the loop, so the compiler inlines it (and
-/// vectorises the loops over contiguous operands) instead of calling a
-/// function pointer per element.
+/// passed as a function item, so it is its own instance of the loop,
+/// which the compiler inlines (and vectorises over contiguous operands)
+/// instead of calling a function pointer per element.
 fn arith<T: Num>(
     op: &str,
     x: &[T],
@@ -85,16 +87,15 @@ fn arith<T: Num>(
     ys: &[usize],
     out: &[usize],
 ) -> Result<Vec<T>, RtError> {
-    let zip = |f: fn(T, T) -> T| zip_broadcast(x, xs, y, ys, out, f);
     Ok(match op {
-        "add" => zip_broadcast(x, xs, y, ys, out, |a, b| a.add(b)),
-        "sub" => zip_broadcast(x, xs, y, ys, out, |a, b| a.sub(b)),
-        "mul" => zip_broadcast(x, xs, y, ys, out, |a, b| a.mul(b)),
-        "div" => zip_broadcast(x, xs, y, ys, out, |a, b| a.div(b)),
-        "maximum" => zip_broadcast(x, xs, y, ys, out, |a, b| a.maximum(b)),
-        "minimum" => zip_broadcast(x, xs, y, ys, out, |a, b| a.minimum(b)),
-        "rem" => zip(T::rem),
-        "pow" => zip(T::pow),
+        "add" => zip_broadcast(x, xs, y, ys, out, T::add),
+        "sub" => zip_broadcast(x, xs, y, ys, out, T::sub),
+        "mul" => zip_broadcast(x, xs, y, ys, out, T::mul),
+        "div" => zip_broadcast(x, xs, y, ys, out, T::div),
+        "maximum" => zip_broadcast(x, xs, y, ys, out, T::maximum),
+        "minimum" => zip_broadcast(x, xs, y, ys, out, T::minimum),
+        "rem" => zip_broadcast(x, xs, y, ys, out, T::rem),
+        "pow" => zip_broadcast(x, xs, y, ys, out, T::pow),
         _ => return Err(RtError::internal(format!("{op} is not arithmetic"))),
     })
 }

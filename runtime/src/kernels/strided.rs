@@ -352,6 +352,8 @@ pub fn zip_broadcast<A: Copy, B: Copy, R>(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// Transposes of the last two axes, copied by tiles, equal the
     /// element-by-element gather, for sizes around the tile's.
     #[test]
@@ -376,15 +378,9 @@ mod tests {
                     })
                 })
                 .collect();
-            assert_eq!(
-                super::gather_strided(&src, &shape, &strides),
-                want,
-                "{shape:?}"
-            );
+            assert_eq!(gather_strided(&src, &shape, &strides), want, "{shape:?}");
         }
     }
-
-    use super::*;
 
     #[test]
     fn odometer() {
