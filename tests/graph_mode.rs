@@ -796,42 +796,161 @@ fn main() {
     }
 }
 
-/// A loop's backpropagators escape (they are its records), so the
-/// optimiser cannot inline the rules they call; but a rule's cotangents
-/// for constants go nowhere, and the optimiser drops them: the cotangent
-/// of the `0.01` in `0.01 * tanh(y)` (a product and a reduction over the
-/// tensor per step) is not computed, and the gradient is eager mode's.
+/// A loop of `y + 0.01 * tanh(y) * exp(-y * y)` over 1000 f32, `steps`
+/// steps (a number the optimiser does not know, so the loop stays one),
+/// differentiated.
+fn tanh_loop(steps: usize) -> String {
+    format!(
+        "\
+fn iterate(x, steps) {{
+    let mut y = x;
+    for i in 0..steps {{
+        y = y + 0.01 * tanh(y) * exp(-y * y);
+    }}
+    sum(y)
+}}
+fn main() {{
+    let x = randn([1000], seed = 3) * 0.5;
+    let n = i64(sum(ones([{steps}])));
+    let g = grad(iterate)(x, n);
+    print(sum(g), g[0], g[999]);
+}}
+"
+    )
+}
+
+/// A rule's cotangents for constants go nowhere, and the optimiser drops
+/// them: the cotangent of the `0.01` in `0.01 * tanh(y)` (a product and a
+/// reduction over the tensor per step) is not computed in the loop's
+/// backpropagators, and the gradient is eager mode's. (`opt/prune.rs`
+/// does this for rules left in branches; here `opt/dense.rs` inlines
+/// them, and dead-code elimination does it.)
 #[test]
 fn loop_backpropagators_skip_cotangents_nobody_reads() {
-    const SRC: &str = "\
-fn iterate(x, steps) {
-    let mut y = x;
-    for i in 0..steps {
-        y = y + 0.01 * tanh(y) * exp(-y * y);
-    }
-    sum(y)
-}
-fn main() {
-    let x = randn([1000], seed = 3) * 0.5;
-    let n = i64(sum(ones([30])));
-    print(sum(grad(iterate)(x, n)));
-}
-";
+    let src = tanh_loop(30);
     let s = Session::new(Mode::Graph)
-        .load_source("loop.adj", SRC)
+        .load_source("loop.adj", &src)
         .unwrap();
     let ir = s.emit_opt(Some("main")).unwrap();
     // Still a loop with escaping backpropagators...
     assert!(ir.contains("graph @B."), "{ir}");
-    // ...whose rule for `0.01 * t` no longer sums a cotangent down to the
-    // constant's shape, and returns `()` in its place.
+    // ...that do not sum a cotangent down to the constant's shape.
     assert!(
         !ir.lines()
             .any(|l| l.contains("sum_to(") && l.ends_with(", 0.01)")),
         "{ir}"
     );
-    assert!(ir.contains("make_tuple((), (), "), "{ir}");
-    let g = run(Mode::Graph, SRC);
-    let e = run(Mode::Eager, SRC);
+    let g = run(Mode::Graph, &src);
+    let e = run(Mode::Eager, &src);
     assert_close(&g, &e, 1e-5);
+}
+
+/// The body of graph `@name` in printed IR.
+fn graph_text<'a>(ir: &'a str, name: &str) -> &'a str {
+    let start = ir
+        .find(&format!("graph @{name}("))
+        .unwrap_or_else(|| panic!("no @{name} in\n{ir}"));
+    let end = ir[start..].find("\n}").map_or(ir.len(), |e| start + e);
+    &ir[start..end]
+}
+
+/// A reversed loop over a tensor: the backpropagator each iteration
+/// records gets a dense cotangent, so its derivative rules inline into one
+/// straight-line graph with no zero test left, which inference types and
+/// fusion compiles: one kernel per step forward and one backward. It
+/// computes the step's cheap values (`0.01 * t`, `-y`) again instead of
+/// keeping them.
+#[test]
+fn reversed_tensor_loops_run_one_kernel_per_backward_step() {
+    let src = tanh_loop(200);
+    let s = Session::new(Mode::Graph)
+        .load_source("loop.adj", &src)
+        .unwrap();
+    let ir = s.emit_opt(Some("main")).unwrap();
+    let body = graph_text(&ir, "B.iterate.body");
+    for gone in ["is_zero(", "switch(", "gadd(", "@B.mul", "@B.tanh"] {
+        assert!(!body.contains(gone), "`{gone}` left in\n{body}");
+    }
+    assert!(body.contains("grad_finalize("), "{body}");
+    assert!(body.contains("mul(0.01, "), "{body}");
+    let stats = |mode: Mode| {
+        let s = Session::new(mode).load_source("loop.adj", &src).unwrap();
+        let mut out = Vec::new();
+        let stats = s
+            .run_main_with_stats(&mut out)
+            .unwrap_or_else(|e| panic!("{}", e.render(false)));
+        (String::from_utf8(out).unwrap(), stats)
+    };
+    let (graph_out, graph) = stats(Mode::Graph);
+    let (eager_out, _) = stats(Mode::Eager);
+    assert_close(&graph_out, &eager_out, 1e-5);
+    assert!(
+        (400..=410).contains(&graph.kernel_calls),
+        "{} kernel calls for 200 steps",
+        graph.kernel_calls
+    );
+}
+
+/// A loop state whose result nobody reads has a symbolic zero cotangent
+/// at every step; made dense, it is zeros, and the gradient is the other
+/// state's alone.
+#[test]
+fn reversed_tensor_loops_with_an_unread_state() {
+    const SRC: &str = "\
+fn iterate(x, steps) {
+    let mut y = x;
+    let mut z = x * 2.0;
+    for i in 0..steps {
+        y = y * 1.1 + tanh(y);
+        z = z * 0.9;
+    }
+    sum(z)
+}
+fn main() {
+    let x = randn([8], seed = 1);
+    let n = i64(sum(ones([3])));
+    print(grad(iterate)(x, n));
+}
+";
+    let graph = run(Mode::Graph, SRC);
+    let eager = run(Mode::Eager, SRC);
+    let plain = |s: &str| s.replace(['[', ']', ','], " ");
+    assert_close(&plain(&graph), &plain(&eager), 1e-6);
+    // f32: 2 * 0.9^3.
+    let want = format!("{} ", 2.0 * 0.9f64.powi(3)).repeat(8);
+    assert_close(&plain(&graph), &want, 1e-6);
+}
+
+/// A loop whose state is a record: its cotangent is made dense as a
+/// whole, and the per-field cotangent builders merge, so the backward step
+/// is one kernel too.
+#[test]
+fn reversed_loops_over_a_record_state() {
+    const SRC: &str = "\
+fn iterate(x, steps) {
+    let mut s = {y: x, k: 2};
+    for i in 0..steps {
+        s = {y: s.y + 0.01 * tanh(s.y) * exp(-s.y * s.y), k: s.k + 1};
+    }
+    sum(s.y) * f32(s.k)
+}
+fn main() {
+    let x = randn([1000], seed = 3) * 0.5;
+    let n = i64(sum(ones([30])));
+    let g = grad(iterate)(x, n);
+    print(sum(g), g[0], g[999]);
+}
+";
+    let run_stats = |mode: Mode| {
+        let s = Session::new(mode).load_source("loop.adj", SRC).unwrap();
+        let mut out = Vec::new();
+        let stats = s
+            .run_main_with_stats(&mut out)
+            .unwrap_or_else(|e| panic!("{}", e.render(false)));
+        (String::from_utf8(out).unwrap(), stats.kernel_calls)
+    };
+    let (graph_out, kernels) = run_stats(Mode::Graph);
+    let (eager_out, _) = run_stats(Mode::Eager);
+    assert_close(&graph_out, &eager_out, 1e-5);
+    assert!((60..=62).contains(&kernels), "{kernels} kernel calls");
 }

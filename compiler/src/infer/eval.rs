@@ -119,6 +119,7 @@ pub struct Types {
     by_node: HashMap<NodeId, Vec<SpecId>>,
     entry: SpecId,
     escaped: HashSet<GraphId>,
+    general: HashSet<GraphId>,
 }
 
 impl Types {
@@ -152,6 +153,16 @@ impl Types {
     /// them.
     pub fn is_escaped(&self, g: GraphId) -> bool {
         self.escaped.contains(&g)
+    }
+
+    /// Whether graph `g`, escaped or not, was also evaluated on arguments
+    /// of unknown type: the closures hidden on a reversed loop's stack
+    /// (`ad_hide`), whose calls inference cannot follow, are evaluated so
+    /// after the entry. The values of such a graph hold for every call
+    /// (they are joined with that general evaluation's), so rewrites may
+    /// use them even when the graph is escaped.
+    pub fn covers_all_calls(&self, g: GraphId) -> bool {
+        self.general.contains(&g)
     }
 
     /// The specialisations of graph `g` (none if it is never called).
@@ -297,7 +308,8 @@ fn run(
         ));
     }
     let (_, id) = interp.call_graph(entry, args.to_vec(), captures, None)?;
-    Ok(interp.finish(id))
+    let general = interp.type_hidden_closures(id);
+    Ok(interp.finish(id, &general))
 }
 
 /// The state of a specialisation during inference.
@@ -991,12 +1003,114 @@ impl<'a> Interp<'a> {
         e
     }
 
+    /// The specialisations reachable from `roots` through calls.
+    fn reachable_specs(&self, roots: &[usize]) -> Vec<usize> {
+        let mut seen: HashSet<usize> = roots.iter().copied().collect();
+        let mut order: Vec<usize> = roots.to_vec();
+        let mut i = 0;
+        while i < order.len() {
+            for callees in self.specs[order[i]].spec.calls.values() {
+                for c in callees {
+                    if seen.insert(c.index()) {
+                        order.push(c.index());
+                    }
+                }
+            }
+            i += 1;
+        }
+        order
+    }
+
+    /// Evaluates the closures that the specialisations reachable from
+    /// `entry` hide with `ad_hide` (the backpropagators a reversed loop
+    /// pushes on its stack) on arguments of unknown type, as the calls
+    /// inference cannot see would; gives the specialisations made (see
+    /// [`Types::covers_all_calls`]). A closure whose evaluation fails
+    /// leaves nothing behind: it stays typed only as escaped.
+    fn type_hidden_closures(&mut self, entry: usize) -> Vec<usize> {
+        /// Hidden closures evaluated at most (nested loops hide more).
+        const MAX_HIDDEN: usize = 4096;
+        let mut general: Vec<usize> = Vec::new();
+        let mut done: HashSet<(GraphId, Vec<AbsVal>)> = HashSet::new();
+        let mut scanned: HashSet<usize> = HashSet::new();
+        let mut roots = vec![entry];
+        loop {
+            let mut hidden: Vec<(GraphId, Vec<AbsVal>)> = Vec::new();
+            for id in self.reachable_specs(&roots) {
+                if !scanned.insert(id) {
+                    continue;
+                }
+                let spec = &self.specs[id].spec;
+                let mut nodes: Vec<NodeId> = spec
+                    .values
+                    .keys()
+                    .copied()
+                    .filter(|n| self.m.applied_prim(*n) == Some(Prim::AdHide))
+                    .collect();
+                nodes.sort();
+                for n in nodes {
+                    let Some(v) = self.m.inputs(n).get(1).and_then(|x| spec.values.get(x)) else {
+                        continue;
+                    };
+                    let items = match v {
+                        AbsVal::Tuple(items) => items.as_slice(),
+                        other => std::slice::from_ref(other),
+                    };
+                    for item in items {
+                        let AbsVal::Func(cs) = item else { continue };
+                        for c in cs {
+                            if let Closure::Graph { graph, captures } = c {
+                                if captures.iter().any(AbsVal::is_bottom) {
+                                    continue;
+                                }
+                                let key = (*graph, captures.clone());
+                                if done.insert(key.clone()) {
+                                    hidden.push(key);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if hidden.is_empty() || done.len() > MAX_HIDDEN {
+                return general;
+            }
+            roots.clear();
+            for (graph, captures) in hidden {
+                let arity = self.m.graph(graph).params.len();
+                let before = self.specs.len();
+                match self.call_graph(graph, vec![AbsVal::Unknown; arity], captures, None) {
+                    Ok((_, id)) => {
+                        general.push(id);
+                        roots.push(id);
+                    }
+                    Err(_) => {
+                        self.specs.truncate(before);
+                        self.cache.retain(|_, id| *id < before);
+                        for e in &mut self.specs {
+                            for ids in e.spec.calls.values_mut() {
+                                ids.retain(|id| id.index() < before);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Builds the result table: the specialisations reachable from the
-    /// entry through calls, renumbered in order of discovery.
-    fn finish(self, entry: usize) -> Types {
+    /// entry (and from `general`, see [`Self::type_hidden_closures`])
+    /// through calls, renumbered in order of discovery.
+    fn finish(self, entry: usize, general: &[usize]) -> Types {
         let mut new_id: HashMap<usize, u32> = HashMap::new();
         let mut order = vec![entry];
         new_id.insert(entry, 0);
+        for &g in general {
+            if let std::collections::hash_map::Entry::Vacant(e) = new_id.entry(g) {
+                e.insert(order.len() as u32);
+                order.push(g);
+            }
+        }
         let mut i = 0;
         while i < order.len() {
             let spec = &self.specs[order[i]].spec;
@@ -1059,12 +1173,17 @@ impl<'a> Interp<'a> {
                 }
             }
         }
+        let general = general
+            .iter()
+            .map(|&id| specs[new_id[&id] as usize].graph)
+            .collect();
         Types {
             specs,
             by_graph,
             by_node,
             entry: SpecId(0),
             escaped,
+            general,
         }
     }
 }

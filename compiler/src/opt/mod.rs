@@ -28,6 +28,7 @@
 //! no location) take the location of the user's call they were inlined
 //! at, so errors still point at the user's source.
 
+mod dense;
 mod inline;
 mod prune;
 mod simplify;
@@ -268,17 +269,25 @@ fn typed_pass(
             graphs.len()
         );
     }
+    rw.densify_backpropagators(graphs, &types);
     for g in graphs {
         // Inference's values of an escaped graph hold only for the calls
-        // it saw; rewriting on them would specialise the graph for those.
-        if types.is_escaped(*g) {
+        // it saw (unless it also evaluated the graph for any call);
+        // rewriting on them would specialise the graph for those.
+        if types.is_escaped(*g) && !types.covers_all_calls(*g) {
             for &n in &bodies[g] {
                 rw.visit_escaped(*g, n, &types);
             }
             continue;
         }
+        let hidden = types.is_escaped(*g);
         for &n in &bodies[g] {
             rw.visit_typed(*g, n, &types);
+            // A hidden backpropagator typed for any call: its shape-only
+            // reads of forward scalars become constants all the same.
+            if hidden {
+                rw.visit_escaped(*g, n, &types);
+            }
         }
     }
     let changed = rw.changed;

@@ -47,6 +47,30 @@ impl Rewriter<'_> {
                     Some(self.m.add_prim(g, Prim::EnvGetitem, &[e, args[1]], loc))
                 }
             }
+            // env_setitem(e, k, zero()) → e when e certainly has no entry
+            // for k (a missing key reads as zero()).
+            Prim::EnvSetitem if args.len() == 3 => {
+                if self.m.applied_prim(args[2]) != Some(Prim::Zero) {
+                    return None;
+                }
+                let Some(Const::Int(key)) = self.m.as_const(args[1]).cloned() else {
+                    return None;
+                };
+                let mut e = args[0];
+                loop {
+                    match self.m.applied_prim(e) {
+                        Some(Prim::Zero) => return Some(args[0]),
+                        Some(Prim::EnvSetitem) => {
+                            let ins = self.m.inputs(e);
+                            match self.m.as_const(ins[2]) {
+                                Some(Const::Int(k)) if *k != key => e = self.resolve(ins[1]),
+                                _ => return None,
+                            }
+                        }
+                        _ => return None,
+                    }
+                }
+            }
             Prim::IsZero if args.len() == 1 => {
                 let x = args[0];
                 let known = if self.m.applied_prim(x) == Some(Prim::Zero) {
@@ -80,6 +104,23 @@ impl Rewriter<'_> {
                     let loc = self.m.node(n).loc;
                     Some(self.m.add_prim(g, Prim::Add, args, loc))
                 } else {
+                    // Two cotangents of one field (element) of one record
+                    // (tuple): one builder of their sum, also across a
+                    // chain `gadd(gadd(x, rg), rg')`.
+                    let loc = self.m.node(n).loc;
+                    if let Some(m) = self.merge_builders(g, args[0], args[1], loc) {
+                        return Some(m);
+                    }
+                    if self.m.applied_prim(args[0]) != Some(Prim::GAdd) {
+                        return None;
+                    }
+                    let ins = self.m.inputs(args[0]);
+                    let (x, y) = (self.resolve(ins[1]), self.resolve(ins[2]));
+                    for (keep, other) in [(x, y), (y, x)] {
+                        if let Some(m) = self.merge_builders(g, other, args[1], loc) {
+                            return Some(self.m.add_prim(g, Prim::GAdd, &[keep, m], loc));
+                        }
+                    }
                     None
                 }
             }
@@ -105,6 +146,33 @@ impl Rewriter<'_> {
                 Some(self.m.add_const(c, loc))
             }
         }
+    }
+
+    /// `gadd(a, b)` as one builder when `a` and `b` build the cotangents
+    /// of one field (element) of one record (tuple):
+    /// `record_grad(r, k, gadd(da, db))`.
+    fn merge_builders(
+        &mut self,
+        g: GraphId,
+        a: NodeId,
+        b: NodeId,
+        loc: crate::ir::Loc,
+    ) -> Option<NodeId> {
+        let p = self.m.applied_prim(a);
+        if p != self.m.applied_prim(b) || !matches!(p, Some(Prim::RecordGrad | Prim::TupleGrad)) {
+            return None;
+        }
+        let (x, y) = (self.m.inputs(a), self.m.inputs(b));
+        if x.len() != 4 || y.len() != 4 || self.resolve(x[1]) != self.resolve(y[1]) {
+            return None;
+        }
+        let (kx, ky) = (self.resolve(x[2]), self.resolve(y[2]));
+        if self.m.as_const(kx).is_none() || self.m.as_const(kx) != self.m.as_const(ky) {
+            return None;
+        }
+        let (r, k, da, db) = (x[1], x[2], x[3], y[3]);
+        let sum = self.m.add_prim(g, Prim::GAdd, &[da, db], loc);
+        Some(self.m.add_prim(g, p?, &[r, k, sum], loc))
     }
 
     /// `x` for `ad_hide(x)` (the identity, which only hides `x`'s type

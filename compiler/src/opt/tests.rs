@@ -57,6 +57,49 @@ fn env_get_of_set_skips_other_keys() {
 }
 
 #[test]
+fn env_set_of_zero_on_a_key_not_there() {
+    // Setting key 7 to zero() where only key 9 was set changes nothing;
+    // over a set of key 9 itself it would (the entry becomes zero).
+    let o = ops("graph @main(%0 x, %1 e) {\n  %2 = zero()\n  %3 = env_setitem(%2, 9, %0)\n  %4 = env_setitem(%3, 7, %2)\n  %5 = env_setitem(%1, 7, %2)\n  %6 = env_setitem(%3, 9, %2)\n  %7 = make_tuple(%4, %5, %6)\n  return %7\n}\n");
+    assert_eq!(
+        o,
+        [
+            "zero()",
+            "env_setitem(%2, 9, %0)",
+            "env_setitem(%1, 7, %2)",
+            "env_setitem(%3, 9, %2)",
+            "make_tuple(%3, %4, %5)",
+            "return %6"
+        ],
+        "{o:?}"
+    );
+}
+
+#[test]
+fn gadd_of_builders_of_one_field() {
+    let o = ops("graph @main(%0 r, %1 a, %2 b) {\n  %3 = record_grad(%0, \"y\", %1)\n  %4 = record_grad(%0, \"y\", %2)\n  %5 = gadd(%3, %4)\n  return %5\n}\n");
+    assert_eq!(
+        o,
+        ["gadd(%1, %2)", "record_grad(%0, \"y\", %3)", "return %4"],
+        "{o:?}"
+    );
+    // Different fields stay apart.
+    let o = ops("graph @main(%0 r, %1 a, %2 b) {\n  %3 = record_grad(%0, \"y\", %1)\n  %4 = record_grad(%0, \"z\", %2)\n  %5 = gadd(%3, %4)\n  return %5\n}\n");
+    assert_eq!(o.len(), 4, "{o:?}");
+}
+
+#[test]
+fn unread_slots_of_branch_results_become_unit() {
+    // Only slot 0 of the `if`'s result is read: the branches stop
+    // computing slot 1.
+    let out = opt("graph @main(%0 c, %1 x) {\n  %2 = switch(%0, @a, @b)\n  %3 = %2()\n  %4 = tuple_get(%3, 0)\n  return %4\n}\n\
+         graph @a() {\n  %5 = exp(%1)\n  %6 = sin(%1)\n  %7 = make_tuple(%5, %6)\n  return %7\n}\n\
+         graph @b() {\n  %8 = cos(%1)\n  %9 = tanh(%1)\n  %10 = make_tuple(%8, %9)\n  return %10\n}\n");
+    assert!(!out.contains("sin(") && !out.contains("tanh("), "{out}");
+    assert!(out.contains("exp(") && out.contains("cos("), "{out}");
+}
+
+#[test]
 fn is_zero_switch_and_call_fold_to_the_rule() {
     // The shape of every primitive's backpropagator: a zero check that
     // selects between two graphs, then a call of the selected one.

@@ -89,7 +89,14 @@ impl Rewriter<'_> {
                         {
                             Some(d)
                         }
-                        _ => None,
+                        // Only `x`'s type is read: an operand of it with
+                        // that type will do, and `x` need not be kept or
+                        // computed again for it.
+                        _ => {
+                            let ty = Some(AbsVal::Tensor(t));
+                            let w = self.same_type_operand(x, &ty, types);
+                            (w != x).then(|| self.m.add_prim(g, Prim::GradFinalize, &[d, w], loc))
+                        }
                     },
                     _ => None,
                 }
