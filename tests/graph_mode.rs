@@ -34,6 +34,17 @@ fn run(mode: Mode, src: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
+/// Runs `main` of `src` in `mode`: what it printed, and the run's
+/// statistics.
+fn run_with_stats(mode: Mode, src: &str) -> (String, adjoint::RunStats) {
+    let s = Session::new(mode).load_source("loop.adj", src).unwrap();
+    let mut out = Vec::new();
+    let stats = s
+        .run_main_with_stats(&mut out)
+        .unwrap_or_else(|e| panic!("{}", e.render(false)));
+    (String::from_utf8(out).unwrap(), stats)
+}
+
 /// Runs `main` of `src` (loaded as `name`), which must fail: what it
 /// printed first, and the error.
 fn run_failing(mode: Mode, name: &str, src: &str) -> (String, SessionError) {
@@ -592,12 +603,8 @@ fn main() {
 }
 ";
     let closures = |mode: Mode| {
-        let s = Session::new(mode).load_source("loop.adj", SRC).unwrap();
-        let mut out = Vec::new();
-        let stats = s
-            .run_main_with_stats(&mut out)
-            .unwrap_or_else(|e| panic!("{}", e.render(false)));
-        (String::from_utf8(out).unwrap(), stats.closures_made)
+        let (out, stats) = run_with_stats(mode, SRC);
+        (out, stats.closures_made)
     };
     let (graph_out, graph) = closures(Mode::Graph);
     let (eager_out, eager) = closures(Mode::Eager);
@@ -873,16 +880,8 @@ fn reversed_tensor_loops_run_one_kernel_per_backward_step() {
     }
     assert!(body.contains("grad_finalize("), "{body}");
     assert!(body.contains("mul(0.01, "), "{body}");
-    let stats = |mode: Mode| {
-        let s = Session::new(mode).load_source("loop.adj", &src).unwrap();
-        let mut out = Vec::new();
-        let stats = s
-            .run_main_with_stats(&mut out)
-            .unwrap_or_else(|e| panic!("{}", e.render(false)));
-        (String::from_utf8(out).unwrap(), stats)
-    };
-    let (graph_out, graph) = stats(Mode::Graph);
-    let (eager_out, _) = stats(Mode::Eager);
+    let (graph_out, graph) = run_with_stats(Mode::Graph, &src);
+    let (eager_out, _) = run_with_stats(Mode::Eager, &src);
     assert_close(&graph_out, &eager_out, 1e-5);
     assert!(
         (400..=410).contains(&graph.kernel_calls),
@@ -941,16 +940,9 @@ fn main() {
     print(sum(g), g[0], g[999]);
 }
 ";
-    let run_stats = |mode: Mode| {
-        let s = Session::new(mode).load_source("loop.adj", SRC).unwrap();
-        let mut out = Vec::new();
-        let stats = s
-            .run_main_with_stats(&mut out)
-            .unwrap_or_else(|e| panic!("{}", e.render(false)));
-        (String::from_utf8(out).unwrap(), stats.kernel_calls)
-    };
-    let (graph_out, kernels) = run_stats(Mode::Graph);
-    let (eager_out, _) = run_stats(Mode::Eager);
+    let (graph_out, graph) = run_with_stats(Mode::Graph, SRC);
+    let (eager_out, _) = run_with_stats(Mode::Eager, SRC);
     assert_close(&graph_out, &eager_out, 1e-5);
+    let kernels = graph.kernel_calls;
     assert!((60..=62).contains(&kernels), "{kernels} kernel calls");
 }
