@@ -610,10 +610,13 @@ fn main() {
     let (eager_out, eager) = closures(Mode::Eager);
     let plain = |s: &str| s.replace(['[', ']', ','], " ");
     assert_close(&plain(&graph_out), &plain(&eager_out), 1e-10);
-    // Two records per iteration: the header's (which branch it took) and
-    // the body's (the values `sin` and `mul` need).
+    // One record made per iteration: the body's (the values `sin` and
+    // `mul` need). The header's would keep which branch it took, to send
+    // the cotangents of the counter and the bound back round the loop's
+    // environments; no nonzero one is ever stored there, so it keeps
+    // nothing and is one constant closure.
     assert!(
-        (1000..=1010).contains(&graph),
+        (500..=510).contains(&graph),
         "graph mode made {graph} closures"
     );
     assert!(eager >= 4 * graph, "eager mode made {eager} closures");

@@ -135,6 +135,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
         let recursive = recursive_graphs(m, &graphs, &bodies);
         let children = nested_children(m, &fv);
         let graphs_at_start = m.graphs.len();
+        let dead_keys = dead_env_keys(m, &graphs, &bodies);
         let mut rw = Rewriter {
             m,
             opts,
@@ -149,6 +150,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             changed: 0,
             stats: &mut stats,
             memo: &mut memo,
+            dead_keys,
         };
         for g in &graphs {
             for &n in &bodies[g] {
@@ -247,6 +249,7 @@ fn typed_pass(
     let recursive = HashSet::new();
     let graphs_at_start = m.graphs.len();
     let mut memo = specialize::Memo::default();
+    let dead_keys = dead_env_keys(m, graphs, bodies);
     let mut rw = Rewriter {
         m,
         opts,
@@ -261,6 +264,7 @@ fn typed_pass(
         changed: 0,
         stats,
         memo: &mut memo,
+        dead_keys,
     };
     if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
         let n = graphs.iter().filter(|g| types.is_escaped(**g)).count();
@@ -293,6 +297,77 @@ fn typed_pass(
     let changed = rw.changed;
     rw.apply_forwarding();
     changed
+}
+
+/// The environment keys (of free variables) whose entries are zero on
+/// every run: an entry is made only by `env_setitem` (adding environments
+/// merges the entries they have), so a key is *live* when some reachable
+/// `env_setitem(e, key, v)` stores a `v` that may be nonzero, where
+/// `zero()` is not and `env_getitem(_, k)` is only for a live `k` (least
+/// fixpoint). A loop's counter and bound are keys of this kind: their
+/// cotangents go round the loop's environments and are never made. Empty
+/// when run-time differentiation may make environments the module does
+/// not show, or a key is not a constant.
+fn dead_env_keys(
+    m: &Module,
+    graphs: &[GraphId],
+    bodies: &HashMap<GraphId, Vec<NodeId>>,
+) -> HashSet<i64> {
+    use crate::prim::Prim;
+    let key = |n: NodeId| match m.as_const(n) {
+        Some(Const::Int(k)) => Some(*k),
+        _ => None,
+    };
+    let mut all: HashSet<i64> = HashSet::new();
+    // (key stored, key it is read from: None for anything else).
+    let mut stores: Vec<(i64, Option<Option<i64>>)> = Vec::new();
+    for g in graphs {
+        for &n in &bodies[g] {
+            let ins = m.inputs(n);
+            match m.applied_prim(n) {
+                Some(Prim::AdDyn | Prim::AdLift) => return HashSet::new(),
+                Some(Prim::EnvSetitem) if ins.len() == 4 => {
+                    let Some(k) = key(ins[2]) else {
+                        return HashSet::new();
+                    };
+                    all.insert(k);
+                    let v = ins[3];
+                    let from = match m.applied_prim(v) {
+                        Some(Prim::Zero) => None,
+                        Some(Prim::EnvGetitem) => Some(m.inputs(v).get(2).and_then(|k| key(*k))),
+                        _ => Some(None),
+                    };
+                    stores.push((k, from));
+                }
+                Some(Prim::EnvGetitem) if ins.len() == 3 => match key(ins[2]) {
+                    Some(k) => {
+                        all.insert(k);
+                    }
+                    None => return HashSet::new(),
+                },
+                _ => {}
+            }
+        }
+    }
+    let mut live: HashSet<i64> = HashSet::new();
+    loop {
+        let before = live.len();
+        for (k, from) in &stores {
+            let nonzero = match from {
+                None => false,
+                Some(Some(src)) => live.contains(src),
+                Some(None) => true,
+            };
+            if nonzero {
+                live.insert(*k);
+            }
+        }
+        if live.len() == before {
+            break;
+        }
+    }
+    all.retain(|k| !live.contains(k));
+    all
 }
 
 /// For each graph, the graphs with a free variable it owns (the closures
@@ -407,6 +482,8 @@ pub(crate) struct Rewriter<'a> {
     pub stats: &'a mut Stats,
     /// Specialisations made so far (they outlive a round).
     pub memo: &'a mut specialize::Memo,
+    /// Environment keys whose entries are always zero ([`dead_env_keys`]).
+    pub dead_keys: HashSet<i64>,
 }
 
 impl Rewriter<'_> {

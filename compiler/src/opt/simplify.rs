@@ -24,6 +24,11 @@ impl Rewriter<'_> {
                 let Some(Const::Int(key)) = self.m.as_const(args[1]).cloned() else {
                     return None;
                 };
+                // A key nothing stores a nonzero cotangent under.
+                if self.dead_keys.contains(&key) {
+                    let loc = self.m.node(n).loc;
+                    return Some(self.m.add_prim(g, Prim::Zero, &[], loc));
+                }
                 let mut e = args[0];
                 loop {
                     match self.m.applied_prim(e) {
@@ -48,14 +53,18 @@ impl Rewriter<'_> {
                 }
             }
             // env_setitem(e, k, zero()) → e when e certainly has no entry
-            // for k (a missing key reads as zero()).
+            // for k (a missing key reads as zero()); env_setitem(e, k, d)
+            // → e when k's entries are always zero.
             Prim::EnvSetitem if args.len() == 3 => {
-                if self.m.applied_prim(args[2]) != Some(Prim::Zero) {
-                    return None;
-                }
                 let Some(Const::Int(key)) = self.m.as_const(args[1]).cloned() else {
                     return None;
                 };
+                if self.dead_keys.contains(&key) {
+                    return Some(args[0]);
+                }
+                if self.m.applied_prim(args[2]) != Some(Prim::Zero) {
+                    return None;
+                }
                 let mut e = args[0];
                 loop {
                     match self.m.applied_prim(e) {

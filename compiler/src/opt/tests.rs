@@ -59,8 +59,9 @@ fn env_get_of_set_skips_other_keys() {
 #[test]
 fn env_set_of_zero_on_a_key_not_there() {
     // Setting key 7 to zero() where only key 9 was set changes nothing;
-    // over a set of key 9 itself it would (the entry becomes zero).
-    let o = ops("graph @main(%0 x, %1 e) {\n  %2 = zero()\n  %3 = env_setitem(%2, 9, %0)\n  %4 = env_setitem(%3, 7, %2)\n  %5 = env_setitem(%1, 7, %2)\n  %6 = env_setitem(%3, 9, %2)\n  %7 = make_tuple(%4, %5, %6)\n  return %7\n}\n");
+    // on an environment that may hold key 7, or over a set of key 9
+    // itself, it would. (Key 7 is stored nonzero in %8.)
+    let o = ops("graph @main(%0 x, %1 e) {\n  %2 = zero()\n  %3 = env_setitem(%2, 9, %0)\n  %4 = env_setitem(%3, 7, %2)\n  %5 = env_setitem(%1, 7, %2)\n  %6 = env_setitem(%3, 9, %2)\n  %8 = env_setitem(%2, 7, %0)\n  %7 = make_tuple(%4, %5, %6, %8)\n  return %7\n}\n");
     assert_eq!(
         o,
         [
@@ -68,8 +69,26 @@ fn env_set_of_zero_on_a_key_not_there() {
             "env_setitem(%2, 9, %0)",
             "env_setitem(%1, 7, %2)",
             "env_setitem(%3, 9, %2)",
-            "make_tuple(%3, %4, %5)",
-            "return %6"
+            "env_setitem(%2, 7, %0)",
+            "make_tuple(%3, %4, %5, %6)",
+            "return %7"
+        ],
+        "{o:?}"
+    );
+}
+
+#[test]
+fn env_keys_nothing_stores_are_zero() {
+    // Key 5 is only ever stored as zero() or as what key 5 held: it is
+    // always zero, and so are reads of it.
+    let o = ops("graph @main(%0 x, %1 e) {\n  %2 = zero()\n  %3 = env_getitem(%1, 5)\n  %4 = env_setitem(%2, 5, %3)\n  %5 = env_setitem(%4, 9, %0)\n  %6 = env_getitem(%5, 5)\n  %7 = make_tuple(%5, %6)\n  return %7\n}\n");
+    assert_eq!(
+        o,
+        [
+            "zero()",
+            "env_setitem(%2, 9, %0)",
+            "make_tuple(%3, %2)",
+            "return %4"
         ],
         "{o:?}"
     );
