@@ -361,3 +361,183 @@ impl Rewriter<'_> {
         dropped
     }
 }
+
+impl Rewriter<'_> {
+    /// Merges a loop's constant records into the ones pushed on top of
+    /// them: `h = ad_hide(make_tuple(@Bf, s))` in `j`, with `Bf`
+    /// capturing nothing, passed (only) to a call of a graph or an `if`
+    /// between graphs each of which pushes its own record `@Bx` on that
+    /// stack parameter and does nothing else with it. `unwind` pops `Bx`,
+    /// then `Bf` on its result; the call now gets `s` itself, and each
+    /// callee pushes `Bx.then(d) = Bf(Bx(d))`, which the rounds inline. A
+    /// loop's header (`Bf` only routes cotangents from the body's call to
+    /// its own) then costs no record per iteration. Loops over scalars are
+    /// left to `fuse::reverse`, which reads their records as they are.
+    pub(super) fn merge_constant_records(&mut self, graphs: &[GraphId], types: &Types) -> usize {
+        let mut merged = 0;
+        for &j in graphs {
+            if types.is_escaped(j) && !types.covers_all_calls(j) {
+                continue;
+            }
+            let body = self.bodies[&j].clone();
+            for h in body {
+                if self.merge_record(j, h, types) {
+                    merged += 1;
+                }
+            }
+        }
+        merged
+    }
+
+    /// Uses of `n` in the bodies of `graphs` (as an input), and whether a
+    /// graph nested in them reads it as a free variable.
+    fn uses_in(&self, n: NodeId, graphs: &[GraphId]) -> (Vec<NodeId>, bool) {
+        let mut uses = Vec::new();
+        let mut nested = false;
+        for g in graphs {
+            for &u in &self.bodies[g] {
+                if self.fwd.contains_key(&u) {
+                    continue;
+                }
+                let ins = self.m.inputs(u);
+                if ins.iter().any(|&i| self.resolve(i) == n) {
+                    uses.push(u);
+                }
+                for &i in ins {
+                    if let Some(k) = self.m.as_graph(i) {
+                        let known = k.index() < self.graphs_at_start;
+                        if !graphs.contains(&k) && (!known || self.fv.get(k).contains(&n)) {
+                            nested = true;
+                        }
+                    }
+                }
+            }
+        }
+        (uses, nested)
+    }
+
+    fn merge_record(&mut self, j: GraphId, h: NodeId, types: &Types) -> bool {
+        if self.m.applied_prim(h) != Some(Prim::AdHide) || self.fwd.contains_key(&h) {
+            return false;
+        }
+        let pair = self.resolve(self.m.inputs(h)[1]);
+        let items = self.m.inputs(pair).to_vec();
+        if self.m.applied_prim(pair) != Some(Prim::MakeTuple) || items.len() != 3 {
+            return false;
+        }
+        let Some(bf) = self.m.as_graph(items[1]) else {
+            return false;
+        };
+        // (A graph made in this pass is one of ours: merged already.)
+        if bf.index() >= self.graphs_at_start
+            || !self.m.graph(bf).name.starts_with("B.")
+            || self.m.graph(bf).params.len() != 1
+            || !self.fv.get(bf).is_empty()
+        {
+            return false;
+        }
+        let s = self.resolve(items[2]);
+        let (uses, nested) = self.uses_in(h, &[j]);
+        let [call] = uses[..] else { return false };
+        if nested || self.m.applied_prim(call).is_some() {
+            return false;
+        }
+        let ins: Vec<NodeId> = self
+            .m
+            .inputs(call)
+            .iter()
+            .map(|i| self.resolve(*i))
+            .collect();
+        let Some(pos) = ins.iter().position(|&i| i == h) else {
+            return false;
+        };
+        if pos == 0 || ins[1..].iter().filter(|&&i| i == h).count() != 1 {
+            return false;
+        }
+        // Loops over scalars are fuse::reverse's.
+        let over_tensors = ins[1..pos]
+            .iter()
+            .any(|&a| matches!(types.value_of(a), Some(AbsVal::Tensor(t)) if !t.shape.is_empty()));
+        if !over_tensors {
+            return false;
+        }
+        // The callee is this call's alone.
+        let callee = ins[0];
+        if self.m.as_const(callee).is_none() {
+            let (uses, nested) = self.uses_in(callee, &[j]);
+            if nested || uses != [call] {
+                return false;
+            }
+        }
+        let targets: Vec<GraphId> = match (self.m.as_graph(callee), self.m.graph_switch(callee)) {
+            (Some(g), _) => vec![g],
+            (None, Some((_, a, b))) => vec![a, b],
+            _ => return false,
+        };
+        // Each callee pushes its record right on the stack parameter.
+        let mut pushes = Vec::new();
+        for &g in &targets {
+            if !self.bodies.contains_key(&g) {
+                return false;
+            }
+            let Some(&p) = self.m.graph(g).params.get(pos - 1) else {
+                return false;
+            };
+            let (uses, nested) = self.uses_in(p, &[g]);
+            let [make] = uses[..] else { return false };
+            let parts = self.m.inputs(make);
+            if nested
+                || self.m.applied_prim(make) != Some(Prim::MakeTuple)
+                || parts.len() != 3
+                || self.resolve(parts[2]) != p
+            {
+                return false;
+            }
+            let Some(bx) = self.m.as_graph(parts[1]) else {
+                return false;
+            };
+            let (made, _) = self.uses_in(make, &[g]);
+            let hidden = matches!(made[..], [u] if self.m.applied_prim(u) == Some(Prim::AdHide));
+            if !hidden || self.m.graph(bx).params.len() != 1 {
+                return false;
+            }
+            pushes.push((g, make, bx));
+        }
+        // The callees must be this call's alone (their stack parameter
+        // gets `s` now).
+        let mut refs = 0;
+        for g in self.bodies.keys() {
+            for &u in &self.bodies[g] {
+                for &i in self.m.inputs(u) {
+                    if self.m.as_graph(i).is_some_and(|k| targets.contains(&k)) {
+                        refs += 1;
+                    }
+                }
+            }
+        }
+        if refs != targets.len() {
+            return false;
+        }
+        for (g, make, bx) in pushes {
+            let loc = self.m.node(make).loc;
+            let name = format!("{}.then", self.m.graph(bx).name);
+            let merged = self.m.add_graph(name, self.m.graph(bx).loc);
+            let d = self.m.add_param(merged, "dcall", loc);
+            let bx_ref = self.m.add_const(Const::Graph(bx), loc);
+            let r = self.m.add_apply(merged, vec![bx_ref, d], loc);
+            let bf_ref = self.m.add_const(Const::Graph(bf), loc);
+            let out = self.m.add_apply(merged, vec![bf_ref, r], loc);
+            self.m.set_output(merged, out);
+            let merged_ref = self.m.add_const(Const::Graph(merged), loc);
+            let p = self.m.inputs(make)[2];
+            let by = self.m.add_prim(g, Prim::MakeTuple, &[merged_ref, p], loc);
+            self.replace(g, make, by);
+        }
+        let mut new_ins = self.m.inputs(call).to_vec();
+        new_ins[pos] = s;
+        let loc = self.m.node(call).loc;
+        let by = self.m.add_apply(j, new_ins, loc);
+        self.replace(j, call, by);
+        true
+    }
+}

@@ -294,6 +294,8 @@ fn typed_pass(
             }
         }
     }
+    // Last: it adds graphs the snapshot's analyses do not know.
+    rw.merge_constant_records(graphs, &types);
     let changed = rw.changed;
     rw.apply_forwarding();
     changed
