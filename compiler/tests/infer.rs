@@ -1243,3 +1243,41 @@ fn unknown_values_flow_without_false_errors() {
     assert_eq!(ir.ty(&types, d), "f32[3]");
     assert_eq!(ir.ty(&types, ts), "f32[]");
 }
+
+/// Closures hidden with `ad_hide` (a reversed loop's records) are
+/// evaluated on arguments of unknown type after the entry: their values
+/// hold for every call (`covers_all_calls`), typed from what they capture
+/// and from `grad_finalize`. One whose evaluation fails is left escaped,
+/// and inference of the program still succeeds.
+#[test]
+fn hidden_closures_are_typed_for_every_call() {
+    let mut ir = Ir::default();
+    let (main, p) = ir.graph("main", &["x"]);
+    let e = ir.prim(main, Prim::Exp, &[p[0]]);
+    // B(d) = grad_finalize(d[1], x) * e
+    let (b, bp) = ir.graph("B.step", &["dcall"]);
+    let one = ir.int(1);
+    let d1 = ir.prim(b, Prim::TupleGet, &[bp[0], one]);
+    let dense = ir.prim(b, Prim::GradFinalize, &[d1, p[0]]);
+    let m = ir.prim(b, Prim::Mul, &[dense, e]);
+    ir.ret(b, m);
+    // C(d) = e * "text": an error on any call.
+    let (c, _) = ir.graph("B.bad", &["dcall"]);
+    let text = ir.string("text");
+    let bad = ir.prim(c, Prim::Mul, &[e, text]);
+    ir.ret(c, bad);
+    let unit = ir.unit();
+    let (bref, cref) = (ir.gref(b), ir.gref(c));
+    let pushed = ir.prim(main, Prim::MakeTuple, &[bref, unit]);
+    let hidden = ir.prim(main, Prim::AdHide, &[pushed]);
+    let pushed2 = ir.prim(main, Prim::MakeTuple, &[cref, hidden]);
+    let hidden2 = ir.prim(main, Prim::AdHide, &[pushed2]);
+    let out = ir.prim(main, Prim::MakeTuple, &[e, hidden2]);
+    ir.ret(main, out);
+    let types = ir.infer(main, &[t(F32, &[3])]).unwrap();
+    assert!(types.is_escaped(b) && types.covers_all_calls(b));
+    assert_eq!(ir.ty(&types, dense), "f32[3]");
+    assert_eq!(ir.ty(&types, m), "f32[3]");
+    assert!(types.is_escaped(c) && !types.covers_all_calls(c));
+    assert!(!types.covers_all_calls(main));
+}
