@@ -1247,8 +1247,9 @@ fn unknown_values_flow_without_false_errors() {
 /// Closures hidden with `ad_hide` (a reversed loop's records) are
 /// evaluated on arguments of unknown type after the entry: their values
 /// hold for every call (`covers_all_calls`), typed from what they capture
-/// and from `grad_finalize`. One whose evaluation fails is left escaped,
-/// and inference of the program still succeeds.
+/// and from `grad_finalize`. One whose evaluation fails, or that is also
+/// made where it is not hidden, is left escaped, and inference of the
+/// program still succeeds.
 #[test]
 fn hidden_closures_are_typed_for_every_call() {
     let mut ir = Ir::default();
@@ -1272,9 +1273,18 @@ fn hidden_closures_are_typed_for_every_call() {
     let hidden = ir.prim(main, Prim::AdHide, &[pushed]);
     let pushed2 = ir.prim(main, Prim::MakeTuple, &[cref, hidden]);
     let hidden2 = ir.prim(main, Prim::AdHide, &[pushed2]);
-    let out = ir.prim(main, Prim::MakeTuple, &[e, hidden2]);
+    // D is made at two places, one of them not hidden: inference cannot
+    // know every closure of it.
+    let (dg, dp) = ir.graph("B.twice", &["dcall"]);
+    let dm = ir.prim(dg, Prim::Mul, &[dp[0], e]);
+    ir.ret(dg, dm);
+    let (dref, dref2) = (ir.gref(dg), ir.gref(dg));
+    let pushed3 = ir.prim(main, Prim::MakeTuple, &[dref, unit]);
+    let hidden3 = ir.prim(main, Prim::AdHide, &[pushed3]);
+    let out = ir.prim(main, Prim::MakeTuple, &[e, hidden2, hidden3, dref2]);
     ir.ret(main, out);
     let types = ir.infer(main, &[t(F32, &[3])]).unwrap();
+    assert!(!types.covers_all_calls(dg));
     assert!(types.is_escaped(b) && types.covers_all_calls(b));
     assert_eq!(ir.ty(&types, dense), "f32[3]");
     assert_eq!(ir.ty(&types, m), "f32[3]");

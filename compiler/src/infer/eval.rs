@@ -308,8 +308,8 @@ fn run(
         ));
     }
     let (_, id) = interp.call_graph(entry, args.to_vec(), captures, None)?;
-    let general = interp.type_hidden_closures(id);
-    Ok(interp.finish(id, &general))
+    let (general, covered) = interp.type_hidden_closures(id);
+    Ok(interp.finish(id, &general, covered))
 }
 
 /// The state of a specialisation during inference.
@@ -1024,14 +1024,19 @@ impl<'a> Interp<'a> {
     /// Evaluates the closures that the specialisations reachable from
     /// `entry` hide with `ad_hide` (the backpropagators a reversed loop
     /// pushes on its stack) on arguments of unknown type, as the calls
-    /// inference cannot see would; gives the specialisations made (see
-    /// [`Types::covers_all_calls`]). A closure whose evaluation fails
-    /// leaves nothing behind: it stays typed only as escaped.
-    fn type_hidden_closures(&mut self, entry: usize) -> Vec<usize> {
+    /// inference cannot see would. Gives the specialisations made, and the
+    /// graphs whose every closure was evaluated so (see
+    /// [`Types::covers_all_calls`]): those made at one place only,
+    /// `ad_hide(make_tuple(@g, ..))`, none of whose evaluations failed. A
+    /// failed evaluation leaves nothing behind.
+    fn type_hidden_closures(&mut self, entry: usize) -> (Vec<usize>, HashSet<GraphId>) {
         /// Hidden closures evaluated at most (nested loops hide more).
         const MAX_HIDDEN: usize = 4096;
         let mut general: Vec<usize> = Vec::new();
+        let mut failed: HashSet<GraphId> = HashSet::new();
         let mut done: HashSet<(GraphId, Vec<AbsVal>)> = HashSet::new();
+        // The `make_tuple` nodes whose closures are hidden.
+        let mut sites: HashSet<NodeId> = HashSet::new();
         let mut scanned: HashSet<usize> = HashSet::new();
         let mut roots = vec![entry];
         loop {
@@ -1049,9 +1054,13 @@ impl<'a> Interp<'a> {
                     .collect();
                 nodes.sort();
                 for n in nodes {
-                    let Some(v) = self.m.inputs(n).get(1).and_then(|x| spec.values.get(x)) else {
+                    let Some(&x) = self.m.inputs(n).get(1) else {
                         continue;
                     };
+                    let Some(v) = spec.values.get(&x) else {
+                        continue;
+                    };
+                    sites.insert(x);
                     let items = match v {
                         AbsVal::Tuple(items) => items.as_slice(),
                         other => std::slice::from_ref(other),
@@ -1061,6 +1070,7 @@ impl<'a> Interp<'a> {
                         for c in cs {
                             if let Closure::Graph { graph, captures } = c {
                                 if captures.iter().any(AbsVal::is_bottom) {
+                                    failed.insert(*graph);
                                     continue;
                                 }
                                 let key = (*graph, captures.clone());
@@ -1072,8 +1082,12 @@ impl<'a> Interp<'a> {
                     }
                 }
             }
-            if hidden.is_empty() || done.len() > MAX_HIDDEN {
-                return general;
+            if hidden.is_empty() {
+                break;
+            }
+            if done.len() > MAX_HIDDEN {
+                failed.extend(hidden.iter().map(|(g, _)| *g));
+                break;
             }
             roots.clear();
             for (graph, captures) in hidden {
@@ -1085,6 +1099,7 @@ impl<'a> Interp<'a> {
                         roots.push(id);
                     }
                     Err(_) => {
+                        failed.insert(graph);
                         self.specs.truncate(before);
                         self.cache.retain(|_, id| *id < before);
                         for e in &mut self.specs {
@@ -1096,12 +1111,44 @@ impl<'a> Interp<'a> {
                 }
             }
         }
+        if general.is_empty() {
+            return (general, HashSet::new());
+        }
+        // Where each evaluated graph's closures are made.
+        let mut made: HashMap<GraphId, Vec<NodeId>> = HashMap::new();
+        let evaluated: HashSet<GraphId> = general
+            .iter()
+            .map(|&id| self.specs[id].spec.graph)
+            .collect();
+        for (i, node) in self.m.nodes.iter().enumerate() {
+            let (Some(_), NodeKind::Apply(inputs)) = (node.graph, &node.kind) else {
+                continue;
+            };
+            for &x in inputs {
+                if let Some(Const::Graph(g)) = self.m.as_const(x) {
+                    if evaluated.contains(g) {
+                        made.entry(*g).or_default().push(NodeId(i as u32));
+                    }
+                }
+            }
+        }
+        let covered = evaluated
+            .into_iter()
+            .filter(|g| {
+                !failed.contains(g)
+                    && matches!(made.get(g).map(Vec::as_slice), Some([site]) if sites.contains(site)
+                        && self.m.applied_prim(*site) == Some(Prim::MakeTuple)
+                        && self.m.inputs(*site).get(1).and_then(|x| self.m.as_const(*x))
+                            == Some(&Const::Graph(*g)))
+            })
+            .collect();
+        (general, covered)
     }
 
     /// Builds the result table: the specialisations reachable from the
     /// entry (and from `general`, see [`Self::type_hidden_closures`])
     /// through calls, renumbered in order of discovery.
-    fn finish(self, entry: usize, general: &[usize]) -> Types {
+    fn finish(self, entry: usize, general: &[usize], covered: HashSet<GraphId>) -> Types {
         let mut new_id: HashMap<usize, u32> = HashMap::new();
         let mut order = vec![entry];
         new_id.insert(entry, 0);
@@ -1173,17 +1220,13 @@ impl<'a> Interp<'a> {
                 }
             }
         }
-        let general = general
-            .iter()
-            .map(|&id| specs[new_id[&id] as usize].graph)
-            .collect();
         Types {
             specs,
             by_graph,
             by_node,
             entry: SpecId(0),
             escaped,
-            general,
+            general: covered,
         }
     }
 }
