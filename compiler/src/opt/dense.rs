@@ -59,14 +59,9 @@ impl Rewriter<'_> {
         made
     }
 
-    /// For `hide = ad_hide(make_tuple(@B, stack))` in `j` whose only use
-    /// is as the last argument of a call in `j`: `B` and the call.
-    fn pushed_backpropagator(
-        &self,
-        j: GraphId,
-        hide: NodeId,
-        uses: &HashMap<GraphId, usize>,
-    ) -> Option<(GraphId, NodeId)> {
+    /// `@B` and `stack` for `hide = ad_hide(make_tuple(@B, stack))`: a
+    /// record pushed on a reversed loop's stack.
+    fn hidden_push(&self, hide: NodeId) -> Option<(GraphId, NodeId)> {
         if self.m.applied_prim(hide) != Some(Prim::AdHide) || self.fwd.contains_key(&hide) {
             return None;
         }
@@ -76,17 +71,29 @@ impl Rewriter<'_> {
             return None;
         }
         let b = self.m.as_graph(items[1])?;
-        let graph = self.m.graph(b);
-        if !graph.name.starts_with("B.") || graph.params.len() != 1 || uses.get(&b) != Some(&1) {
+        // (A graph made in this pass is one of ours, done already.)
+        if b.index() >= self.graphs_at_start || !self.m.graph(b).name.starts_with("B.") {
             return None;
         }
-        let mut calls = self.bodies[&j].iter().copied().filter(|&n| {
-            let ins = self.m.inputs(n);
-            ins.iter().any(|&i| self.resolve(i) == hide)
-        });
-        let call = calls.next()?;
+        Some((b, self.resolve(items[2])))
+    }
+
+    /// For a record `hide` pushed in `j` (see [`Self::hidden_push`]) whose
+    /// only use is as the last argument of a call in `j`: `B` and the call.
+    fn pushed_backpropagator(
+        &self,
+        j: GraphId,
+        hide: NodeId,
+        uses: &HashMap<GraphId, usize>,
+    ) -> Option<(GraphId, NodeId)> {
+        let (b, _) = self.hidden_push(hide)?;
+        if self.m.graph(b).params.len() != 1 || uses.get(&b) != Some(&1) {
+            return None;
+        }
+        let (users, nested) = self.uses_in(hide, &[j]);
+        let [call] = users[..] else { return None };
         let ins = self.m.inputs(call);
-        if calls.next().is_some()
+        if nested
             || self.m.applied_prim(call).is_some()
             || ins.len() < 2
             || self.resolve(ins[ins.len() - 1]) != hide
@@ -417,26 +424,12 @@ impl Rewriter<'_> {
     }
 
     fn merge_record(&mut self, j: GraphId, h: NodeId, types: &Types) -> bool {
-        if self.m.applied_prim(h) != Some(Prim::AdHide) || self.fwd.contains_key(&h) {
-            return false;
-        }
-        let pair = self.resolve(self.m.inputs(h)[1]);
-        let items = self.m.inputs(pair).to_vec();
-        if self.m.applied_prim(pair) != Some(Prim::MakeTuple) || items.len() != 3 {
-            return false;
-        }
-        let Some(bf) = self.m.as_graph(items[1]) else {
+        let Some((bf, s)) = self.hidden_push(h) else {
             return false;
         };
-        // (A graph made in this pass is one of ours: merged already.)
-        if bf.index() >= self.graphs_at_start
-            || !self.m.graph(bf).name.starts_with("B.")
-            || self.m.graph(bf).params.len() != 1
-            || !self.fv.get(bf).is_empty()
-        {
+        if self.m.graph(bf).params.len() != 1 || !self.fv.get(bf).is_empty() {
             return false;
         }
-        let s = self.resolve(items[2]);
         let (uses, nested) = self.uses_in(h, &[j]);
         let [call] = uses[..] else { return false };
         if nested || self.m.applied_prim(call).is_some() {
