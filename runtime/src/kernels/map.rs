@@ -8,7 +8,7 @@ use super::Ctx;
 use crate::dtype::{self, BinaryClass, UnaryClass};
 use crate::error::RtError;
 use crate::shape;
-use crate::tensor::{Buffer, Element, Tensor};
+use crate::tensor::{Buffer, DType, Element, Tensor};
 use crate::value::Value;
 use crate::{dispatch_all, dispatch_float, dispatch_numeric};
 
@@ -140,6 +140,16 @@ fn check_int_operands<T: Num>(op: &str, rhs: &[T], out_len: usize) -> Result<(),
 /// promotion rule (`add`, `lt`, `and`, ...).
 pub fn binary(op: &str, args: &[Value]) -> Result<Value, RtError> {
     arity(op, args, 2)?;
+    if let [Value::Tensor(a), Value::Tensor(b)] = args {
+        if let Some(t) = scalar_binary(op, a, b) {
+            return Ok(Value::Tensor(t));
+        }
+    }
+    binary_general(op, args)
+}
+
+/// [`binary`] without its fast path for scalars.
+fn binary_general(op: &str, args: &[Value]) -> Result<Value, RtError> {
     let a = tensor(op, &args[0], "x")?;
     let b = tensor(op, &args[1], "y")?;
     let out = rule(shape::broadcast(op, a.ty(), b.ty()))?;
@@ -187,6 +197,54 @@ pub fn binary(op: &str, args: &[Value]) -> Result<Value, RtError> {
         Tensor::new(buf, &out)?
     };
     Ok(Value::Tensor(t.with_weak(rweak)))
+}
+
+/// [`binary`] on two scalars of one dtype, i64 or f64, for the operations
+/// that cannot fail: what a loop's counter and bound go through on the VM
+/// at every step, without the general path's dtype rules, broadcast and
+/// allocations. The same results: ints wrap, floats are IEEE, the result
+/// is weak when both operands are, a comparison gives a strong bool.
+/// `None` for anything else.
+fn scalar_binary(op: &str, a: &Tensor, b: &Tensor) -> Option<Tensor> {
+    if !a.shape().is_empty() || !b.shape().is_empty() || a.dtype() != b.dtype() {
+        return None;
+    }
+    let weak = a.weak && b.weak;
+    fn compare<T: PartialOrd>(op: &str, x: T, y: T) -> Option<Tensor> {
+        Some(Tensor::scalar_bool(match op {
+            "eq" => x == y,
+            "ne" => x != y,
+            "lt" => x < y,
+            "le" => x <= y,
+            "gt" => x > y,
+            "ge" => x >= y,
+            _ => return None,
+        }))
+    }
+    match a.dtype() {
+        DType::I64 => {
+            let (x, y) = (a.slice::<i64>()?[0], b.slice::<i64>()?[0]);
+            let v = match op {
+                "add" => x.wrapping_add(y),
+                "sub" => x.wrapping_sub(y),
+                "mul" => x.wrapping_mul(y),
+                _ => return compare(op, x, y),
+            };
+            Some(Tensor::scalar_i64(v).with_weak(weak))
+        }
+        DType::F64 => {
+            let (x, y) = (a.slice::<f64>()?[0], b.slice::<f64>()?[0]);
+            let v = match op {
+                "add" => x + y,
+                "sub" => x - y,
+                "mul" => x * y,
+                "div" => x / y,
+                _ => return compare(op, x, y),
+            };
+            Some(Tensor::scalar_f64(v).with_weak(weak))
+        }
+        _ => None,
+    }
 }
 
 /// `where(c, a, b)`: `a` where the bool `c` holds, else `b`; all three broadcast.
@@ -282,6 +340,49 @@ mod tests {
     use super::super::testing::{call, call_err, f32s, f64s, i64s, v};
     use super::*;
     use crate::tensor::DType;
+
+    /// The fast path for scalars gives what the general path gives: value
+    /// bits, dtype and weakness, for ints at the edges of their range,
+    /// signed zeros, infinities and NaN, and every weakness combination.
+    #[test]
+    fn scalar_binary_matches_the_general_path() {
+        let ints = [0i64, 1, -1, 7, i64::MAX, i64::MIN];
+        let floats = [0.0f64, -0.0, 1.5, -2.25, f64::INFINITY, f64::NAN, 1e308];
+        let ops = [
+            "add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge",
+        ];
+        let mut operands: Vec<Tensor> = Vec::new();
+        for w in [false, true] {
+            operands.extend(ints.iter().map(|&x| Tensor::scalar_i64(x).with_weak(w)));
+            operands.extend(floats.iter().map(|&x| Tensor::scalar_f64(x).with_weak(w)));
+        }
+        let mut fast = 0;
+        for op in ops {
+            for a in &operands {
+                for b in &operands {
+                    let Some(got) = scalar_binary(op, a, b) else {
+                        continue;
+                    };
+                    fast += 1;
+                    let args = [v(a.clone()), v(b.clone())];
+                    let Value::Tensor(want) = binary_general(op, &args).unwrap() else {
+                        panic!("{op}: not a tensor");
+                    };
+                    assert_eq!(got.dtype(), want.dtype(), "{op} {a:?} {b:?}");
+                    assert_eq!(got.weak, want.weak, "{op} {a:?} {b:?}");
+                    let bits = |t: &Tensor| match t.dtype() {
+                        DType::F64 => t.slice::<f64>().unwrap()[0].to_bits(),
+                        DType::I64 => t.slice::<i64>().unwrap()[0] as u64,
+                        _ => t.slice::<bool>().unwrap()[0] as u64,
+                    };
+                    assert_eq!(bits(&got), bits(&want), "{op} {a:?} {b:?}");
+                }
+            }
+        }
+        // Integer division is not on the fast path (it can fail).
+        assert!(scalar_binary("div", &operands[1], &operands[1]).is_none());
+        assert!(fast > 1000, "{fast}");
+    }
 
     #[test]
     fn unary_floats() {
