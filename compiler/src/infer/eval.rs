@@ -279,7 +279,7 @@ fn run(
         owned: HashMap::new(),
         dead: HashMap::new(),
         specs: Vec::new(),
-        cache: HashMap::new(),
+        cache: rustc_hash::FxHashMap::default(),
         frames: Vec::new(),
         in_progress: HashMap::new(),
         epoch: 0,
@@ -356,7 +356,7 @@ struct Interp<'a> {
     owned: HashMap<GraphId, Vec<NodeId>>,
     dead: HashMap<GraphId, Rc<[NodeId]>>,
     specs: Vec<Entry>,
-    cache: HashMap<Key, usize>,
+    cache: rustc_hash::FxHashMap<Key, usize>,
     frames: Vec<Frame>,
     /// For each graph, its specialisations in progress, outermost first.
     in_progress: HashMap<GraphId, Vec<usize>>,
