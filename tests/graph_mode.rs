@@ -54,11 +54,16 @@ fn run_failing(mode: Mode, name: &str, src: &str) -> (String, SessionError) {
     (String::from_utf8(out).unwrap(), err)
 }
 
+/// The optimised IR of `main` of `src` (loaded as `name`).
+fn opt_ir(name: &str, src: &str) -> String {
+    let s = Session::new(Mode::Graph).load_source(name, src).unwrap();
+    s.emit_opt(Some("main")).unwrap()
+}
+
 /// The optimised IR of `main`, checked to be one graph with none of AD's
 /// machinery (nor the extra names in `gone`) left.
 fn assert_closure_free(name: &str, src: &str, gone: &[&str]) -> String {
-    let s = Session::new(Mode::Graph).load_source(name, src).unwrap();
-    let ir = s.emit_opt(Some("main")).unwrap();
+    let ir = opt_ir(name, src);
     let graphs = ir.lines().filter(|l| l.starts_with("graph ")).count();
     assert_eq!(graphs, 1, "{ir}");
     let machinery = ["J.", "B.", "env_", "is_zero", "switch", "zero()", "gadd"];
@@ -326,10 +331,7 @@ fn loops_with_static_trip_counts_unroll_to_a_closure_free_graph() {
 #[test]
 fn long_loops_stay_loops() {
     let src = UNROLLED.replace("0..4", "0..100");
-    let s = Session::new(Mode::Graph)
-        .load_source("long.adj", &src)
-        .unwrap();
-    let ir = s.emit_opt(Some("main")).unwrap();
+    let ir = opt_ir("long.adj", &src);
     assert!(ir.contains("unwind"), "{ir}");
     assert_eq!(run(Mode::Graph, &src), run(Mode::Eager, &src));
 }
@@ -347,10 +349,7 @@ fn main() {
     print(run(0.3), grad(run)(0.3));
 }
 ";
-    let s = Session::new(Mode::Graph)
-        .load_source("fold.adj", src)
-        .unwrap();
-    let ir = s.emit_opt(Some("main")).unwrap();
+    let ir = opt_ir("fold.adj", src);
     assert!(ir.contains("graph @\"fold[step]\"("), "{ir}");
     assert!(ir.contains("graph @\"J.fold[J.step]\"("), "{ir}");
     // No call of the function parameter is left.
@@ -455,10 +454,7 @@ fn main() {
     print(grad(iterate)(0.3, 1000));
 }
 ";
-    let s = Session::new(Mode::Graph)
-        .load_source("loop.adj", SRC)
-        .unwrap();
-    let ir = s.emit_opt(Some("main")).unwrap();
+    let ir = opt_ir("loop.adj", SRC);
     let shape_reads: Vec<&str> = ir
         .lines()
         .filter(|l| l.contains("sum_to(") || l.contains("grad_finalize("))
@@ -838,10 +834,7 @@ fn main() {{
 #[test]
 fn loop_backpropagators_skip_cotangents_nobody_reads() {
     let src = tanh_loop(30);
-    let s = Session::new(Mode::Graph)
-        .load_source("loop.adj", &src)
-        .unwrap();
-    let ir = s.emit_opt(Some("main")).unwrap();
+    let ir = opt_ir("loop.adj", &src);
     // Still a loop with escaping backpropagators...
     assert!(ir.contains("graph @B."), "{ir}");
     // ...that do not sum a cotangent down to the constant's shape.
@@ -873,10 +866,7 @@ fn graph_text<'a>(ir: &'a str, name: &str) -> &'a str {
 #[test]
 fn reversed_tensor_loops_run_one_kernel_per_backward_step() {
     let src = tanh_loop(200);
-    let s = Session::new(Mode::Graph)
-        .load_source("loop.adj", &src)
-        .unwrap();
-    let ir = s.emit_opt(Some("main")).unwrap();
+    let ir = opt_ir("loop.adj", &src);
     // The header's record, which only routes cotangents, is merged into
     // the body's.
     assert!(!ir.contains("@B.iterate.for"), "{ir}");

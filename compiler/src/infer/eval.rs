@@ -1003,14 +1003,19 @@ impl<'a> Interp<'a> {
         e
     }
 
-    /// The specialisations reachable from `roots` through calls.
+    /// The specialisations reachable from `roots` (distinct) through
+    /// calls, in order of discovery (call sites in node order, so the
+    /// order is the same on every run).
     fn reachable_specs(&self, roots: &[usize]) -> Vec<usize> {
         let mut seen: HashSet<usize> = roots.iter().copied().collect();
         let mut order: Vec<usize> = roots.to_vec();
         let mut i = 0;
         while i < order.len() {
-            for callees in self.specs[order[i]].spec.calls.values() {
-                for c in callees {
+            let calls = &self.specs[order[i]].spec.calls;
+            let mut sites: Vec<&NodeId> = calls.keys().collect();
+            sites.sort();
+            for site in sites {
+                for c in &calls[site] {
                     if seen.insert(c.index()) {
                         order.push(c.index());
                     }
@@ -1149,31 +1154,18 @@ impl<'a> Interp<'a> {
     /// entry (and from `general`, see [`Self::type_hidden_closures`])
     /// through calls, renumbered in order of discovery.
     fn finish(self, entry: usize, general: &[usize], covered: HashSet<GraphId>) -> Types {
-        let mut new_id: HashMap<usize, u32> = HashMap::new();
-        let mut order = vec![entry];
-        new_id.insert(entry, 0);
+        let mut roots = vec![entry];
         for &g in general {
-            if let std::collections::hash_map::Entry::Vacant(e) = new_id.entry(g) {
-                e.insert(order.len() as u32);
-                order.push(g);
+            if !roots.contains(&g) {
+                roots.push(g);
             }
         }
-        let mut i = 0;
-        while i < order.len() {
-            let spec = &self.specs[order[i]].spec;
-            let mut sites: Vec<&NodeId> = spec.calls.keys().collect();
-            sites.sort();
-            for site in sites {
-                for callee in &spec.calls[site] {
-                    let c = callee.index();
-                    if let std::collections::hash_map::Entry::Vacant(e) = new_id.entry(c) {
-                        e.insert(order.len() as u32);
-                        order.push(c);
-                    }
-                }
-            }
-            i += 1;
-        }
+        let order = self.reachable_specs(&roots);
+        let new_id: HashMap<usize, u32> = order
+            .iter()
+            .enumerate()
+            .map(|(k, &old)| (old, k as u32))
+            .collect();
         let mut entries: Vec<Option<Entry>> = self.specs.into_iter().map(Some).collect();
         let mut specs = Vec::with_capacity(order.len());
         let mut by_graph: HashMap<GraphId, Vec<SpecId>> = HashMap::new();

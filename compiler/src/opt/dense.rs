@@ -32,18 +32,9 @@ impl Rewriter<'_> {
     /// Applies the rewrite to the loops among `graphs`; gives how many
     /// cotangents it made dense.
     pub(super) fn densify_backpropagators(&mut self, graphs: &[GraphId], types: &Types) -> usize {
-        // How often each graph constant is used: a `B` built at one site
-        // only, so that the arguments it now captures are in its scope.
-        let mut uses: HashMap<GraphId, usize> = HashMap::new();
-        for g in graphs {
-            for &n in &self.bodies[g] {
-                for &i in self.m.inputs(n) {
-                    if let Some(h) = self.m.as_graph(i) {
-                        *uses.entry(h).or_default() += 1;
-                    }
-                }
-            }
-        }
+        // A `B` built at one site only, so that the arguments it now
+        // captures are in its scope.
+        let uses = self.graph_uses(graphs);
         let mut made = 0;
         for &j in graphs {
             if types.is_escaped(j) && !types.covers_all_calls(j) {
@@ -57,6 +48,21 @@ impl Rewriter<'_> {
             }
         }
         made
+    }
+
+    /// How often each graph constant is used in the bodies of `graphs`.
+    fn graph_uses(&self, graphs: &[GraphId]) -> HashMap<GraphId, usize> {
+        let mut uses: HashMap<GraphId, usize> = HashMap::new();
+        for g in graphs {
+            for &n in &self.bodies[g] {
+                for &i in self.m.inputs(n) {
+                    if let Some(h) = self.m.as_graph(i) {
+                        *uses.entry(h).or_default() += 1;
+                    }
+                }
+            }
+        }
+        uses
     }
 
     /// `@B` and `stack` for `hide = ad_hide(make_tuple(@B, stack))`: a
@@ -114,12 +120,11 @@ impl Rewriter<'_> {
             .map(|i| self.resolve(*i))
             .collect();
         let body = &self.bodies[&b];
-        let tested = |n: NodeId| {
-            body.iter().any(|&u| {
-                self.m.applied_prim(u) == Some(Prim::IsZero)
-                    && self.m.inputs(u).get(1).map(|i| self.resolve(*i)) == Some(n)
-            })
-        };
+        let tested: HashSet<NodeId> = body
+            .iter()
+            .filter(|&&u| self.m.applied_prim(u) == Some(Prim::IsZero))
+            .filter_map(|&u| self.m.inputs(u).get(1).map(|i| self.resolve(*i)))
+            .collect();
         let mut todo = Vec::new();
         for &n in body {
             if self.fwd.contains_key(&n) || self.m.applied_prim(n) != Some(Prim::TupleGet) {
@@ -137,7 +142,7 @@ impl Rewriter<'_> {
             if k == 0 || k + 1 >= ins.len() {
                 continue;
             }
-            if !tested(n) {
+            if !tested.contains(&n) {
                 continue;
             }
             let ty = types.value_of(ins[k]);
@@ -252,8 +257,7 @@ impl Rewriter<'_> {
             .copied()
             .filter(|v| owned(self.m, *v) && !self.fwd.contains_key(v))
             .collect();
-        let mut again: Vec<NodeId> = Vec::new();
-        let mut again_set: HashSet<NodeId> = HashSet::new();
+        let mut again: HashSet<NodeId> = HashSet::new();
         let available = |n: NodeId, kept: &HashSet<NodeId>, again: &HashSet<NodeId>| {
             let n = self.resolve(n);
             self.m.as_const(n).is_some()
@@ -267,10 +271,7 @@ impl Rewriter<'_> {
             let mut cands: Vec<NodeId> = kept.iter().copied().collect();
             cands.sort();
             for v in cands {
-                if nested.contains(&v)
-                    || !cheap(self.m.applied_prim(v))
-                    || self.m.node(v).graph != Some(j)
-                {
+                if nested.contains(&v) || !cheap(self.m.applied_prim(v)) {
                     continue;
                 }
                 // Operands available, or cheap and computable from
@@ -278,13 +279,13 @@ impl Rewriter<'_> {
                 let mut extra = Vec::new();
                 let ok = self.m.inputs(v)[1..].iter().all(|&w| {
                     let w = self.resolve(w);
-                    if available(w, &kept, &again_set) {
+                    if available(w, &kept, &again) {
                         return true;
                     }
                     let sub = cheap(self.m.applied_prim(w))
                         && self.m.inputs(w)[1..]
                             .iter()
-                            .all(|&x| available(x, &kept, &again_set));
+                            .all(|&x| available(x, &kept, &again));
                     if sub {
                         extra.push(w);
                     }
@@ -293,14 +294,9 @@ impl Rewriter<'_> {
                 if !ok {
                     continue;
                 }
-                for w in extra {
-                    if again_set.insert(w) {
-                        again.push(w);
-                    }
-                }
+                again.extend(extra);
                 kept.remove(&v);
-                again_set.insert(v);
-                again.push(v);
+                again.insert(v);
                 changed = true;
             }
         }
@@ -310,6 +306,8 @@ impl Rewriter<'_> {
             return 0;
         }
         // Copies in `b`, operands first.
+        let mut roots: Vec<NodeId> = again.iter().copied().collect();
+        roots.sort();
         let mut copy: HashMap<NodeId, NodeId> = HashMap::new();
         let mut order: Vec<NodeId> = Vec::new();
         let mut seen: HashSet<NodeId> = HashSet::new();
@@ -328,19 +326,21 @@ impl Rewriter<'_> {
             }
             order.push(n);
         }
-        for &v in &again {
-            visit(self, v, &again_set, &mut seen, &mut order);
+        for v in roots {
+            visit(self, v, &again, &mut seen, &mut order);
         }
-        for v in order {
-            let ins: Vec<NodeId> = self
-                .m
-                .inputs(v)
+        // Inputs of `n` with the copies in place of what they copy.
+        let remap = |rw: &Self, n: NodeId, copy: &HashMap<NodeId, NodeId>| -> Vec<NodeId> {
+            rw.m.inputs(n)
                 .iter()
                 .map(|&w| {
-                    let w = self.resolve(w);
+                    let w = rw.resolve(w);
                     copy.get(&w).copied().unwrap_or(w)
                 })
-                .collect();
+                .collect()
+        };
+        for v in order {
+            let ins = remap(self, v, &copy);
             let loc = self.m.node(v).loc;
             let c = self.m.add_apply(b, ins, loc);
             copy.insert(v, c);
@@ -348,13 +348,7 @@ impl Rewriter<'_> {
         for &n in &self.bodies[&b] {
             let ins = self.m.inputs(n);
             if ins.iter().any(|w| copy.contains_key(&self.resolve(*w))) {
-                let new: Vec<NodeId> = ins
-                    .iter()
-                    .map(|&w| {
-                        let w = self.resolve(w);
-                        copy.get(&w).copied().unwrap_or(w)
-                    })
-                    .collect();
+                let new = remap(self, n, &copy);
                 self.m.node_mut(n).kind = crate::ir::NodeKind::Apply(new);
             }
         }
@@ -381,6 +375,7 @@ impl Rewriter<'_> {
     /// its own) then costs no record per iteration. Loops over scalars are
     /// left to `fuse::reverse`, which reads their records as they are.
     pub(super) fn merge_constant_records(&mut self, graphs: &[GraphId], types: &Types) -> usize {
+        let uses = self.graph_uses(graphs);
         let mut merged = 0;
         for &j in graphs {
             if types.is_escaped(j) && !types.covers_all_calls(j) {
@@ -388,7 +383,7 @@ impl Rewriter<'_> {
             }
             let body = self.bodies[&j].clone();
             for h in body {
-                if self.merge_record(j, h, types) {
+                if self.merge_record(j, h, types, &uses) {
                     merged += 1;
                 }
             }
@@ -423,7 +418,13 @@ impl Rewriter<'_> {
         (uses, nested)
     }
 
-    fn merge_record(&mut self, j: GraphId, h: NodeId, types: &Types) -> bool {
+    fn merge_record(
+        &mut self,
+        j: GraphId,
+        h: NodeId,
+        types: &Types,
+        graph_uses: &HashMap<GraphId, usize>,
+    ) -> bool {
         let Some((bf, s)) = self.hidden_push(h) else {
             return false;
         };
@@ -498,17 +499,10 @@ impl Rewriter<'_> {
         }
         // The callees must be this call's alone (their stack parameter
         // gets `s` now).
-        let mut refs = 0;
-        for g in self.bodies.keys() {
-            for &u in &self.bodies[g] {
-                for &i in self.m.inputs(u) {
-                    if self.m.as_graph(i).is_some_and(|k| targets.contains(&k)) {
-                        refs += 1;
-                    }
-                }
-            }
-        }
-        if refs != targets.len() {
+        let alone = targets.iter().all(|t| {
+            graph_uses.get(t).copied().unwrap_or(0) == targets.iter().filter(|u| *u == t).count()
+        });
+        if !alone {
             return false;
         }
         for (g, make, bx) in pushes {
