@@ -336,6 +336,9 @@ fn parse_args() -> Result<Options, String> {
 }
 
 fn main() {
+    // As the `adjoint` binary does: the thread that runs programs is one of
+    // the kernel pool's workers.
+    adjoint_runtime::threads::join_kernel_pool();
     let opts = match parse_args() {
         Ok(o) => o,
         Err(e) => {

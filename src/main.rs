@@ -164,6 +164,10 @@ fn main() -> ExitCode {
             .unwrap_or_default();
         eprintln!("error: internal compiler error: {msg}{at}\nplease report this as a bug");
     }));
+    // This thread runs the VM: make it one of the kernel pool's workers,
+    // so parallel kernels start here instead of waking other threads and
+    // waiting for them (`adjoint_runtime::threads`).
+    adjoint_runtime::threads::join_kernel_pool();
     let cli = Cli::parse();
     if let Command::Repl { mode } = cli.command {
         return repl::run(match mode {

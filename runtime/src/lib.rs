@@ -59,6 +59,7 @@ pub mod kernels;
 pub mod memory;
 pub mod shape;
 pub mod tensor;
+pub mod threads;
 pub mod value;
 pub mod vm;
 
