@@ -249,17 +249,14 @@ const COMPILER_STACK: usize = 512 << 20;
 /// Runs `f` on a thread with a large stack, so that deep programs give
 /// diagnostics, not stack overflows, whatever thread the caller is on.
 fn with_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        let handle = std::thread::Builder::new()
-            .name("adjoint-compiler".into())
-            .stack_size(COMPILER_STACK)
-            .spawn_scoped(s, f)
-            .expect("spawn a compiler thread");
-        match handle.join() {
-            Ok(v) => v,
-            Err(p) => std::panic::resume_unwind(p),
-        }
-    })
+    // On this thread, inference recurses in place instead of starting a
+    // thread of its own (`adjoint_compiler::stack`).
+    match adjoint_compiler::stack::with_stack("adjoint-compiler", COMPILER_STACK, f)
+        .expect("spawn a compiler thread")
+    {
+        Ok(v) => v,
+        Err(p) => std::panic::resume_unwind(p),
+    }
 }
 
 struct FsLoader;

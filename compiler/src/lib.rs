@@ -12,3 +12,4 @@ pub mod pipeline;
 pub mod plan;
 pub mod prim;
 pub mod rewrite;
+pub mod stack;

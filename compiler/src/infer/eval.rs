@@ -240,27 +240,32 @@ pub fn infer_module_with(
     if entry.index() >= m.graphs.len() {
         return Err(InferError::new(Loc::NONE, format!("no graph {entry}")));
     }
-    std::thread::scope(|s| {
-        let spawned = std::thread::Builder::new()
-            .name("adjoint-infer".into())
-            .stack_size(STACK_BYTES)
-            .spawn_scoped(s, || run(m, entry, args, opts, MAX_DEPTH));
-        match spawned {
-            Ok(handle) => handle.join().unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                Err(InferError::new(
-                    m.graph(entry).loc,
-                    format!("internal error in type inference: {what}"),
-                ))
-            }),
-            // No thread: run here (the depth limit still applies).
-            Err(_) => run(m, entry, args, opts, MAX_DEPTH_INLINE),
-        }
-    })
+    let message = |panic: Box<dyn std::any::Any + Send>| {
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(InferError::new(
+            m.graph(entry).loc,
+            format!("internal error in type inference: {what}"),
+        ))
+    };
+    // On a compiler thread with room to spare, in place: a new thread's
+    // stack pages are faulted in again at every start.
+    if crate::stack::stack_left().is_some_and(|left| left >= STACK_BYTES + (STACK_BYTES >> 2)) {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(m, entry, args, opts, MAX_DEPTH)
+        }));
+        return r.unwrap_or_else(message);
+    }
+    match crate::stack::with_stack("adjoint-infer", STACK_BYTES, || {
+        run(m, entry, args, opts, MAX_DEPTH)
+    }) {
+        Ok(r) => r.unwrap_or_else(message),
+        // No thread: run here (the depth limit still applies).
+        Err(_) => run(m, entry, args, opts, MAX_DEPTH_INLINE),
+    }
 }
 
 fn run(
