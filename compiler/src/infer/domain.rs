@@ -11,7 +11,7 @@
 //! forgets constants that vary, so that recursion on constant ints
 //! terminates.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use std::fmt;
 use std::sync::Arc;
 

@@ -27,7 +27,9 @@
 //! stack, so that depth is safe.
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 use std::rc::Rc;
 
@@ -280,15 +282,15 @@ fn run(
         opts,
         max_depth,
         fv: free_variables(m),
-        bodies: HashMap::new(),
-        owned: HashMap::new(),
-        dead: HashMap::new(),
+        bodies: HashMap::default(),
+        owned: HashMap::default(),
+        dead: HashMap::default(),
         specs: Vec::new(),
         cache: rustc_hash::FxHashMap::default(),
         frames: Vec::new(),
-        in_progress: HashMap::new(),
+        in_progress: HashMap::default(),
         epoch: 0,
-        escaped: RefCell::new(HashSet::new()),
+        escaped: RefCell::new(HashSet::default()),
     };
     let graph = m.graph(entry);
     if args.len() != graph.params.len() {
@@ -498,8 +500,8 @@ impl<'a> Interp<'a> {
                         args,
                         captures,
                         result: AbsVal::Bottom,
-                        values: HashMap::new(),
-                        calls: HashMap::new(),
+                        values: HashMap::default(),
+                        calls: HashMap::default(),
                     },
                     state: State::Provisional,
                     evaluated_at: 0,
@@ -629,7 +631,7 @@ impl<'a> Interp<'a> {
                 format!("internal error: graph @{} has no output", graph.name),
             ));
         };
-        let mut values: HashMap<NodeId, AbsVal> = HashMap::new();
+        let mut values: HashMap<NodeId, AbsVal> = HashMap::default();
         let spec = &self.specs[id].spec;
         for (p, v) in graph.params.iter().zip(&spec.args) {
             values.insert(*p, v.clone());
@@ -637,7 +639,7 @@ impl<'a> Interp<'a> {
         for (n, v) in self.fv.get(g).iter().zip(&spec.captures) {
             values.insert(*n, v.clone());
         }
-        let mut calls = HashMap::new();
+        let mut calls = HashMap::default();
         let body = self.body(g);
         for &n in body.iter() {
             let (v, called) = self.eval_apply(n, &values)?;
@@ -955,14 +957,14 @@ impl<'a> Interp<'a> {
     /// Records as escaped the graphs of the closures in `before` that are
     /// not in `after`: inference will not see where they are called.
     fn lose(&self, before: &[AbsVal], after: &[AbsVal]) {
-        let mut had = HashSet::new();
+        let mut had = HashSet::default();
         for v in before {
             v.collect_graphs(&mut had);
         }
         if had.is_empty() {
             return;
         }
-        let mut kept = HashSet::new();
+        let mut kept = HashSet::default();
         for v in after {
             v.collect_graphs(&mut kept);
         }
@@ -1043,11 +1045,11 @@ impl<'a> Interp<'a> {
         /// Hidden closures evaluated at most (nested loops hide more).
         const MAX_HIDDEN: usize = 4096;
         let mut general: Vec<usize> = Vec::new();
-        let mut failed: HashSet<GraphId> = HashSet::new();
-        let mut done: HashSet<(GraphId, Vec<AbsVal>)> = HashSet::new();
+        let mut failed: HashSet<GraphId> = HashSet::default();
+        let mut done: HashSet<(GraphId, Vec<AbsVal>)> = HashSet::default();
         // The `make_tuple` nodes whose closures are hidden.
-        let mut sites: HashSet<NodeId> = HashSet::new();
-        let mut scanned: HashSet<usize> = HashSet::new();
+        let mut sites: HashSet<NodeId> = HashSet::default();
+        let mut scanned: HashSet<usize> = HashSet::default();
         let mut roots = vec![entry];
         loop {
             let mut hidden: Vec<(GraphId, Vec<AbsVal>)> = Vec::new();
@@ -1122,10 +1124,10 @@ impl<'a> Interp<'a> {
             }
         }
         if general.is_empty() {
-            return (general, HashSet::new());
+            return (general, HashSet::default());
         }
         // Where each evaluated graph's closures are made.
-        let mut made: HashMap<GraphId, Vec<NodeId>> = HashMap::new();
+        let mut made: HashMap<GraphId, Vec<NodeId>> = HashMap::default();
         let evaluated: HashSet<GraphId> = general
             .iter()
             .map(|&id| self.specs[id].spec.graph)
@@ -1173,8 +1175,8 @@ impl<'a> Interp<'a> {
             .collect();
         let mut entries: Vec<Option<Entry>> = self.specs.into_iter().map(Some).collect();
         let mut specs = Vec::with_capacity(order.len());
-        let mut by_graph: HashMap<GraphId, Vec<SpecId>> = HashMap::new();
-        let mut by_node: HashMap<NodeId, Vec<SpecId>> = HashMap::new();
+        let mut by_graph: HashMap<GraphId, Vec<SpecId>> = HashMap::default();
+        let mut by_node: HashMap<NodeId, Vec<SpecId>> = HashMap::default();
         for (k, old) in order.iter().enumerate() {
             let mut spec = entries[*old].take().expect("each spec once").spec;
             for ids in spec.calls.values_mut() {
@@ -1194,7 +1196,7 @@ impl<'a> Interp<'a> {
         // Closures inference lost track of may be called with any
         // arguments, and so may every graph they reach: what inference
         // knows of those graphs holds only for the calls it saw.
-        let mut escaped: HashSet<GraphId> = HashSet::new();
+        let mut escaped: HashSet<GraphId> = HashSet::default();
         // (One traversal per round for the whole frontier: each call of
         // `reachable_graphs` scans the module.)
         let mut frontier: Vec<GraphId> = self.escaped.into_inner().into_iter().collect();

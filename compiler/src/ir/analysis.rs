@@ -3,7 +3,7 @@
 //! variables, and users. All traversals are iterative, so long programs
 //! cannot overflow the Rust stack.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::{Const, GraphId, Module, NodeId, NodeKind};
 
@@ -61,7 +61,7 @@ pub fn graph_body_with(m: &Module, g: GraphId, fv: &FreeVars) -> Vec<NodeId> {
         d
     };
     let mut order = Vec::new();
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     let mut stack: Vec<(NodeId, Vec<NodeId>, usize)> = Vec::new();
     // The output itself may be a graph constant whose captures are owned here.
     let roots = if owned_apply(out) {
@@ -99,7 +99,7 @@ pub fn graph_refs(m: &Module, g: GraphId) -> Vec<GraphId> {
 
 fn graph_refs_in(m: &Module, g: GraphId, owned: &[NodeId]) -> Vec<GraphId> {
     let mut refs = Vec::new();
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     for u in used_nodes(m, g, owned) {
         if let Some(Const::Graph(h)) = m.as_const(u) {
             if seen.insert(*h) {
@@ -147,7 +147,7 @@ pub fn free_variables_with(m: &Module, owned: &[Vec<NodeId>]) -> FreeVars {
     let mut refs: Vec<Vec<GraphId>> = Vec::with_capacity(n);
     for g in m.graph_ids() {
         let mut fv = Vec::new();
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         for u in used_nodes(m, g, &owned[g.index()]) {
             let node = m.node(u);
             if !matches!(node.kind, NodeKind::Const(_)) && node.graph != Some(g) && seen.insert(u) {
@@ -188,7 +188,7 @@ pub fn free_variables_with(m: &Module, owned: &[Vec<NodeId>]) -> FreeVars {
 
 /// Users of every node: `(user, input position)` pairs.
 pub fn users(m: &Module) -> HashMap<NodeId, Vec<(NodeId, usize)>> {
-    let mut map: HashMap<NodeId, Vec<(NodeId, usize)>> = HashMap::new();
+    let mut map: HashMap<NodeId, Vec<(NodeId, usize)>> = HashMap::default();
     for (i, node) in m.nodes.iter().enumerate() {
         if let NodeKind::Apply(inputs) = &node.kind {
             for (pos, &inp) in inputs.iter().enumerate() {
@@ -206,7 +206,7 @@ pub fn reachable_graphs(m: &Module, roots: &[GraphId]) -> Vec<GraphId> {
 
 /// [`reachable_graphs`] given [`owned_nodes`].
 pub fn reachable_graphs_with(m: &Module, roots: &[GraphId], owned: &[Vec<NodeId>]) -> Vec<GraphId> {
-    let mut seen: HashSet<GraphId> = HashSet::new();
+    let mut seen: HashSet<GraphId> = HashSet::default();
     let mut order = Vec::new();
     let mut stack: Vec<GraphId> = roots.iter().rev().copied().collect();
     while let Some(g) = stack.pop() {

@@ -21,7 +21,7 @@
 //! `arg_k` and the captured forward values, so the typed rewrites and
 //! fusion apply to the backward step as to the forward one.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::Rewriter;
 use crate::infer::{AbsVal, Types};
@@ -52,7 +52,7 @@ impl Rewriter<'_> {
 
     /// How often each graph constant is used in the bodies of `graphs`.
     fn graph_uses(&self, graphs: &[GraphId]) -> HashMap<GraphId, usize> {
-        let mut uses: HashMap<GraphId, usize> = HashMap::new();
+        let mut uses: HashMap<GraphId, usize> = HashMap::default();
         for g in graphs {
             for &n in &self.bodies[g] {
                 for &i in self.m.inputs(n) {
@@ -241,7 +241,7 @@ impl Rewriter<'_> {
     fn rematerialize(&mut self, b: GraphId, j: GraphId) -> usize {
         let body = &self.bodies[&b];
         // Values of `j` that closures nested in `b` use stay captured.
-        let mut nested: HashSet<NodeId> = HashSet::new();
+        let mut nested: HashSet<NodeId> = HashSet::default();
         for &n in body {
             for &i in self.m.inputs(n) {
                 if let Some(h) = self.m.as_graph(i) {
@@ -257,7 +257,7 @@ impl Rewriter<'_> {
             .copied()
             .filter(|v| owned(self.m, *v) && !self.fwd.contains_key(v))
             .collect();
-        let mut again: HashSet<NodeId> = HashSet::new();
+        let mut again: HashSet<NodeId> = HashSet::default();
         let available = |n: NodeId, kept: &HashSet<NodeId>, again: &HashSet<NodeId>| {
             let n = self.resolve(n);
             self.m.as_const(n).is_some()
@@ -308,9 +308,9 @@ impl Rewriter<'_> {
         // Copies in `b`, operands first.
         let mut roots: Vec<NodeId> = again.iter().copied().collect();
         roots.sort();
-        let mut copy: HashMap<NodeId, NodeId> = HashMap::new();
+        let mut copy: HashMap<NodeId, NodeId> = HashMap::default();
         let mut order: Vec<NodeId> = Vec::new();
-        let mut seen: HashSet<NodeId> = HashSet::new();
+        let mut seen: HashSet<NodeId> = HashSet::default();
         fn visit(
             rw: &Rewriter<'_>,
             n: NodeId,

@@ -1,6 +1,6 @@
 //! Inlining a call of a known graph, with the closures nested in it.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::Rewriter;
 use crate::ir::analysis::graph_body_with;
@@ -11,7 +11,7 @@ impl Rewriter<'_> {
     /// a free variable owned by one of them), parents before children.
     pub(super) fn nest(&self, h: GraphId) -> Vec<GraphId> {
         let mut set = vec![h];
-        let mut seen: HashSet<GraphId> = HashSet::from([h]);
+        let mut seen: HashSet<GraphId> = [h].into_iter().collect();
         let mut i = 0;
         while i < set.len() {
             if let Some(cs) = self.children.get(&set[i]) {
@@ -25,7 +25,7 @@ impl Rewriter<'_> {
         }
         // Order so that the owner of every free variable comes first.
         let mut order = Vec::with_capacity(set.len());
-        let mut placed: HashSet<GraphId> = HashSet::new();
+        let mut placed: HashSet<GraphId> = HashSet::default();
         while order.len() < set.len() {
             let before = order.len();
             for &k in &set {
@@ -114,8 +114,8 @@ impl Rewriter<'_> {
         args: &[NodeId],
     ) -> NodeId {
         let nest = self.nest(h);
-        let mut nmap: HashMap<NodeId, NodeId> = HashMap::new();
-        let mut gmap: HashMap<GraphId, GraphId> = HashMap::new();
+        let mut nmap: HashMap<NodeId, NodeId> = HashMap::default();
+        let mut gmap: HashMap<GraphId, GraphId> = HashMap::default();
         for (p, a) in self.m.graph(h).params.clone().iter().zip(args) {
             nmap.insert(*p, *a);
         }
@@ -130,7 +130,7 @@ impl Rewriter<'_> {
                 nmap.insert(*p, p2);
             }
         }
-        let mut gconst: HashMap<GraphId, NodeId> = HashMap::new();
+        let mut gconst: HashMap<GraphId, NodeId> = HashMap::default();
         for &k in &nest {
             let target = if k == h { g } else { gmap[&k] };
             for n in self.body(k) {

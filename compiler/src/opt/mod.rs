@@ -36,7 +36,7 @@ mod specialize;
 mod typed;
 mod unroll;
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::ir::analysis::{
     free_variables_with, graph_body_with, owned_nodes, reachable_graphs_with, FreeVars,
@@ -143,8 +143,8 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             bodies: &bodies,
             recursive: &recursive,
             children,
-            fwd: HashMap::new(),
-            dirty: HashSet::new(),
+            fwd: HashMap::default(),
+            dirty: HashSet::default(),
             graphs_at_start,
             budget,
             changed: 0,
@@ -246,7 +246,7 @@ fn typed_pass(
             return 0;
         }
     };
-    let recursive = HashSet::new();
+    let recursive = HashSet::default();
     let graphs_at_start = m.graphs.len();
     let mut memo = specialize::Memo::default();
     let dead_keys = dead_env_keys(m, graphs, bodies);
@@ -256,9 +256,9 @@ fn typed_pass(
         fv,
         bodies,
         recursive: &recursive,
-        children: HashMap::new(),
-        fwd: HashMap::new(),
-        dirty: HashSet::new(),
+        children: HashMap::default(),
+        fwd: HashMap::default(),
+        dirty: HashSet::default(),
         graphs_at_start,
         budget,
         changed: 0,
@@ -320,17 +320,17 @@ fn dead_env_keys(
         Some(Const::Int(k)) => Some(*k),
         _ => None,
     };
-    let mut all: HashSet<i64> = HashSet::new();
+    let mut all: HashSet<i64> = HashSet::default();
     // (key stored, key it is read from: None for anything else).
     let mut stores: Vec<(i64, Option<Option<i64>>)> = Vec::new();
     for g in graphs {
         for &n in &bodies[g] {
             let ins = m.inputs(n);
             match m.applied_prim(n) {
-                Some(Prim::AdDyn | Prim::AdLift) => return HashSet::new(),
+                Some(Prim::AdDyn | Prim::AdLift) => return HashSet::default(),
                 Some(Prim::EnvSetitem) if ins.len() == 4 => {
                     let Some(k) = key(ins[2]) else {
-                        return HashSet::new();
+                        return HashSet::default();
                     };
                     all.insert(k);
                     let v = ins[3];
@@ -345,13 +345,13 @@ fn dead_env_keys(
                     Some(k) => {
                         all.insert(k);
                     }
-                    None => return HashSet::new(),
+                    None => return HashSet::default(),
                 },
                 _ => {}
             }
         }
     }
-    let mut live: HashSet<i64> = HashSet::new();
+    let mut live: HashSet<i64> = HashSet::default();
     loop {
         let before = live.len();
         for (k, from) in &stores {
@@ -375,9 +375,9 @@ fn dead_env_keys(
 /// For each graph, the graphs with a free variable it owns (the closures
 /// lexically nested in it, one level down).
 fn nested_children(m: &Module, fv: &FreeVars) -> HashMap<GraphId, Vec<GraphId>> {
-    let mut out: HashMap<GraphId, Vec<GraphId>> = HashMap::new();
+    let mut out: HashMap<GraphId, Vec<GraphId>> = HashMap::default();
     for k in m.graph_ids() {
-        let mut owners = HashSet::new();
+        let mut owners = HashSet::default();
         for &v in fv.get(k) {
             if let Some(o) = m.node(v).graph {
                 if o != k && owners.insert(o) {
@@ -397,13 +397,13 @@ fn recursive_graphs(
     bodies: &HashMap<GraphId, Vec<NodeId>>,
 ) -> HashSet<GraphId> {
     use petgraph::graph::DiGraph;
-    let mut index = HashMap::new();
+    let mut index = HashMap::default();
     let mut cg: DiGraph<GraphId, ()> = DiGraph::new();
     for g in graphs {
         index.insert(*g, cg.add_node(*g));
     }
     for g in graphs {
-        let mut refs = HashSet::new();
+        let mut refs = HashSet::default();
         let mut note = |n: NodeId| {
             if let Some(Const::Graph(h)) = m.as_const(n) {
                 refs.insert(*h);
@@ -423,7 +423,7 @@ fn recursive_graphs(
             }
         }
     }
-    let mut rec = HashSet::new();
+    let mut rec = HashSet::default();
     for scc in petgraph::algo::tarjan_scc(&cg) {
         let cyclic = scc.len() > 1 || cg.contains_edge(scc[0], scc[0]);
         if cyclic {
@@ -589,7 +589,7 @@ impl Rewriter<'_> {
     /// within graph `g` (every node of a graph's body runs when the graph
     /// does, so any of two equal nodes can stand for both).
     fn cse(&mut self, g: GraphId, body: &[NodeId]) {
-        let mut seen: HashMap<Vec<Key>, NodeId> = HashMap::new();
+        let mut seen: HashMap<Vec<Key>, NodeId> = HashMap::default();
         for &n in body {
             if self.fwd.contains_key(&n) {
                 continue;

@@ -12,7 +12,7 @@
 //! the slots nobody reads become `()` in that branch, and dead-code
 //! elimination removes what computed them.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::ir::{Const, GraphId, Module, NodeId};
 use crate::prim::Prim;
@@ -24,10 +24,10 @@ use super::Snapshot;
 pub(super) fn prune_branch_results(m: &mut Module, (fv, graphs, bodies): &Snapshot) -> usize {
     // Uses of every node, references to every graph, and what must be
     // kept whole: outputs and captured values.
-    let mut users: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
-    let mut refs: HashMap<GraphId, usize> = HashMap::new();
-    let mut kept: HashSet<NodeId> = HashSet::new();
-    let mut captured: HashSet<NodeId> = HashSet::new();
+    let mut users: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
+    let mut refs: HashMap<GraphId, usize> = HashMap::default();
+    let mut kept: HashSet<NodeId> = HashSet::default();
+    let mut captured: HashSet<NodeId> = HashSet::default();
     for g in graphs {
         for &n in &bodies[g] {
             for &i in m.inputs(n) {
@@ -80,7 +80,7 @@ fn slots_read(
     call: NodeId,
     users: &HashMap<NodeId, Vec<NodeId>>,
 ) -> Option<HashSet<usize>> {
-    let mut read = HashSet::new();
+    let mut read = HashSet::default();
     for &u in users.get(&call).map(Vec::as_slice).unwrap_or_default() {
         let ins = m.inputs(u);
         if m.applied_prim(u) != Some(Prim::TupleGet) || ins.len() != 3 || ins[1] != call {

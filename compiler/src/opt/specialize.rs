@@ -10,7 +10,7 @@
 //! removes. This is what lets a higher-order loop (`fold(f, acc, n)`) run
 //! without a closure call per iteration, in either pass of its gradient.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::Rewriter;
 use crate::ir::{Const, GraphId, NodeId, NodeKind};

@@ -15,7 +15,7 @@
 //! (with reverse mode, the stack of backpropagators disappears). Loops
 //! that do IO are not unrolled.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::Rewriter;
 use crate::ir::{Const, GraphId, Module, NodeId, NodeKind};
@@ -162,7 +162,7 @@ impl Rewriter<'_> {
         }
         let mut state: Vec<SVal> = args
             .iter()
-            .map(|a| eval(self.m, *a, &HashMap::new(), 0))
+            .map(|a| eval(self.m, *a, &HashMap::default(), 0))
             .collect();
         let size = bodies().count();
         for trip in 0..=MAX_TRIPS {
