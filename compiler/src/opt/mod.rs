@@ -167,9 +167,10 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
         if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
             let (n, gs) = snapshot_size(&snap);
             eprintln!(
-                "opt round {}: {changed} changes, {n} live nodes in {gs} graphs, {} in the arena, {:?} elapsed",
+                "opt round {}: {changed} changes, {n} live nodes in {gs} graphs, {} nodes and {} graphs in the arena, {:?} elapsed",
                 stats.rounds,
                 m.nodes.len(),
+                m.graphs.len(),
                 t0.elapsed()
             );
         }
