@@ -20,7 +20,7 @@
 #![allow(clippy::excessive_precision)]
 
 use cranelift_codegen::ir::condcodes::FloatCC;
-use cranelift_codegen::ir::{types, FuncRef, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{types, BlockArg, FuncRef, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 
 use crate::codegen::kernel::{BinaryOp, KDType, ReduceOp, UnaryOp};
@@ -456,8 +456,43 @@ impl<'a, 'f> E<'a, 'f> {
     }
 
     /// `y * 2^k`, applying `2^k` in two halves so that `k` may reach the
-    /// subnormal and overflow ranges.
+    /// subnormal and overflow ranges. When every lane's `k` is an exponent
+    /// of a normal float (the common case), one product does it instead:
+    /// the same rounding (none, or once into the subnormals), so the same
+    /// bits, for three operations instead of eight.
     fn scale2(&mut self, y: Value, k: Value) -> Value {
+        use cranelift_codegen::ir::condcodes::IntCC;
+        let (lo, hi) = if self.t.wide {
+            (-1022, 1023)
+        } else {
+            (-126, 127)
+        };
+        let (lo, hi) = (self.ci(lo), self.ci(hi));
+        let below = self.b.ins().icmp(IntCC::SignedLessThan, k, lo);
+        let above = self.b.ins().icmp(IntCC::SignedGreaterThan, k, hi);
+        let outside = self.b.ins().bor(below, above);
+        let any = if self.t.is_vector() {
+            self.b.ins().vany_true(outside)
+        } else {
+            outside
+        };
+        let s = self.pow2i(k);
+        let one_step = self.mul(y, s);
+        let split = self.b.create_block();
+        let join = self.b.create_block();
+        let result = self.b.append_block_param(join, self.t.f);
+        self.b
+            .ins()
+            .brif(any, split, &[], join, &[BlockArg::from(one_step)]);
+        self.b.switch_to_block(split);
+        let two_steps = self.scale2_split(y, k);
+        self.b.ins().jump(join, &[BlockArg::from(two_steps)]);
+        self.b.switch_to_block(join);
+        result
+    }
+
+    /// [`Self::scale2`] in two products, for any `k`.
+    fn scale2_split(&mut self, y: Value, k: Value) -> Value {
         let k1 = self.b.ins().sshr_imm_u(k, 1);
         let k2 = self.b.ins().isub(k, k1);
         let s1 = self.pow2i(k1);
