@@ -28,10 +28,10 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
-
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 use std::rc::Rc;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::domain::{generalize_all, join, AbsTensor, AbsVal, Closure, MAX_VALUE_PARTS};
 use super::provenance;
@@ -231,8 +231,9 @@ pub fn infer_module(m: &Module, entry: GraphId, args: &[AbsVal]) -> Result<Types
 }
 
 /// Infers the types of everything reachable from `entry` called with
-/// `args`. Runs on a thread with a large stack so that deeply nested
-/// specialisations cannot overflow the caller's stack.
+/// `args`. Runs in place on a thread of [`crate::stack::with_stack`] with
+/// enough stack left, else on a new thread with a large stack, so that
+/// deeply nested specialisations cannot overflow the caller's stack.
 pub fn infer_module_with(
     m: &Module,
     entry: GraphId,

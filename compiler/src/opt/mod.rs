@@ -458,8 +458,11 @@ fn detach_dead_then_snapshot(m: &mut Module, roots: &[GraphId]) -> Snapshot {
     detach_where(m, |i| !live[i]);
     loop {
         let snap = snapshot(m, roots);
-        let live: HashSet<NodeId> = snap.2.values().flatten().copied().collect();
-        if detach_where(m, |i| !live.contains(&NodeId(i as u32))) == 0 {
+        let mut in_body = vec![false; m.nodes.len()];
+        for n in snap.2.values().flatten() {
+            in_body[n.index()] = true;
+        }
+        if detach_where(m, |i| !in_body[i]) == 0 {
             return snap;
         }
     }
