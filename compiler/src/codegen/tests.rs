@@ -932,3 +932,58 @@ fn codegen_f32_sums_are_accurate() {
         }
     }
 }
+
+/// `exp` scales in one product when every lane's exponent is normal (also
+/// inside `tanh` and `sigmoid`): each value gives the same bits in a vector
+/// that takes the shortcut, in one that does not (beside a lane whose
+/// result is subnormal, or that needs `tanh`'s exponential), and in the
+/// scalar tail, for every unroll.
+#[test]
+fn vector_shortcuts_give_the_same_bits() {
+    let small = [0.3, -0.1, 1e-3, -0.0, 0.0, 0.6, -0.62, 2e-30];
+    for op in [UnaryOp::Tanh, UnaryOp::Exp, UnaryOp::Sigmoid] {
+        for dt in DTYPES {
+            let lanes = if dt == KDType::F32 { 4 } else { 2 };
+            // Each small value in an all-small group, then beside a large
+            // one (a lane that needs the general path: |x| >= 0.625 for
+            // tanh, an exponent below the normal range for exp), then in
+            // the tail.
+            let big = if op == UnaryOp::Exp { -740.0 } else { 5.0 };
+            let mut x = Vec::new();
+            for v in small {
+                x.extend(std::iter::repeat_n(v, lanes));
+                x.push(v);
+                x.extend(std::iter::repeat_n(big, lanes - 1));
+            }
+            x.extend(small);
+            // One more, so that the last element is in the scalar tail.
+            x.push(small[0]);
+            let n = x.len();
+            for unroll in [1, 2, 4] {
+                let options = CompileOptions {
+                    unroll: Some(unroll),
+                    ..Default::default()
+                };
+                let k = compile_with(&unary_spec(op, dt, n), &options).unwrap();
+                let y = &run(&k, std::slice::from_ref(&x), Parallelism::Serial)[0];
+                let tail = n - 1 - small.len();
+                assert_eq!(
+                    y[n - 1].to_bits(),
+                    y[0].to_bits(),
+                    "{op:?} {dt:?} scalar tail"
+                );
+                for (i, v) in small.iter().enumerate() {
+                    let at = i * 2 * lanes;
+                    let want = y[at].to_bits();
+                    for j in [at + 1, at + lanes, tail + i] {
+                        assert_eq!(
+                            y[j].to_bits(),
+                            want,
+                            "{op:?} {dt:?} unroll {unroll} x = {v}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
