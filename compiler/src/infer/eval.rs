@@ -167,6 +167,13 @@ impl Types {
         self.general.contains(&g)
     }
 
+    /// Whether what inference knows of graph `g` holds for every call of
+    /// it, so rewrites may specialise `g` on it: `g` is not escaped, or
+    /// it was evaluated for any call too ([`Self::covers_all_calls`]).
+    pub fn holds_for_every_call(&self, g: GraphId) -> bool {
+        !self.is_escaped(g) || self.covers_all_calls(g)
+    }
+
     /// The specialisations of graph `g` (none if it is never called).
     pub fn specs_of(&self, g: GraphId) -> &[SpecId] {
         self.by_graph.get(&g).map_or(&[], |v| v)

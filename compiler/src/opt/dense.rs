@@ -37,7 +37,7 @@ impl Rewriter<'_> {
         let uses = self.graph_uses(graphs);
         let mut made = 0;
         for &j in graphs {
-            if types.is_escaped(j) && !types.covers_all_calls(j) {
+            if !types.holds_for_every_call(j) {
                 continue;
             }
             for &hide in &self.bodies[&j] {
@@ -84,6 +84,14 @@ impl Rewriter<'_> {
         Some((b, self.resolve(items[2])))
     }
 
+    /// The call of a graph in `j` that is the only use of `n` (no graph
+    /// nested in `j` reads it either).
+    fn sole_call(&self, j: GraphId, n: NodeId) -> Option<NodeId> {
+        let (users, nested) = self.uses_in(n, &[j]);
+        let [call] = users[..] else { return None };
+        (!nested && self.m.applied_prim(call).is_none()).then_some(call)
+    }
+
     /// For a record `hide` pushed in `j` (see [`Self::hidden_push`]) whose
     /// only use is as the last argument of a call in `j`: `B` and the call.
     fn pushed_backpropagator(
@@ -96,14 +104,9 @@ impl Rewriter<'_> {
         if self.m.graph(b).params.len() != 1 || uses.get(&b) != Some(&1) {
             return None;
         }
-        let (users, nested) = self.uses_in(hide, &[j]);
-        let [call] = users[..] else { return None };
+        let call = self.sole_call(j, hide)?;
         let ins = self.m.inputs(call);
-        if nested
-            || self.m.applied_prim(call).is_some()
-            || ins.len() < 2
-            || self.resolve(ins[ins.len() - 1]) != hide
-        {
+        if ins.len() < 2 || self.resolve(ins[ins.len() - 1]) != hide {
             return None;
         }
         Some((b, call))
@@ -361,9 +364,7 @@ impl Rewriter<'_> {
         self.changed += dropped;
         dropped
     }
-}
 
-impl Rewriter<'_> {
     /// Merges a loop's constant records into the ones pushed on top of
     /// them: `h = ad_hide(make_tuple(@Bf, s))` in `j`, with `Bf`
     /// capturing nothing, passed (only) to a call of a graph or an `if`
@@ -378,7 +379,7 @@ impl Rewriter<'_> {
         let uses = self.graph_uses(graphs);
         let mut merged = 0;
         for &j in graphs {
-            if types.is_escaped(j) && !types.covers_all_calls(j) {
+            if !types.holds_for_every_call(j) {
                 continue;
             }
             let body = self.bodies[&j].clone();
@@ -431,11 +432,9 @@ impl Rewriter<'_> {
         if self.m.graph(bf).params.len() != 1 || !self.fv.get(bf).is_empty() {
             return false;
         }
-        let (uses, nested) = self.uses_in(h, &[j]);
-        let [call] = uses[..] else { return false };
-        if nested || self.m.applied_prim(call).is_some() {
+        let Some(call) = self.sole_call(j, h) else {
             return false;
-        }
+        };
         let ins: Vec<NodeId> = self
             .m
             .inputs(call)

@@ -268,7 +268,10 @@ fn typed_pass(
         dead_keys,
     };
     if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
-        let n = graphs.iter().filter(|g| types.is_escaped(**g)).count();
+        let n = graphs
+            .iter()
+            .filter(|g| !types.holds_for_every_call(**g))
+            .count();
         eprintln!(
             "opt: typed pass skips {n} of {} graphs (escaped)",
             graphs.len()
@@ -279,7 +282,7 @@ fn typed_pass(
         // Inference's values of an escaped graph hold only for the calls
         // it saw (unless it also evaluated the graph for any call);
         // rewriting on them would specialise the graph for those.
-        if types.is_escaped(*g) && !types.covers_all_calls(*g) {
+        if !types.holds_for_every_call(*g) {
             for &n in &bodies[g] {
                 rw.visit_escaped(*g, n, &types);
             }

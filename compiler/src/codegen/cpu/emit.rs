@@ -41,12 +41,12 @@ fn cost(e: &KExpr) -> usize {
 }
 
 /// The default number of vectors per step of the innermost loop. Even a
-/// long element-wise body gains from two vectors in flight (the 16M
-/// `tanh`/`sigmoid` map on one thread: 63.5-64.1 ms with one, 57.8-58.5
-/// with two, alternating in `cargo bench -p adjoint-compiler --bench
-/// map_kernel`) although the
-/// second one's constants spill; a reduction's accumulators (one per
-/// vector) set the order of its sums, so long reducing bodies keep one.
+/// long element-wise body gains from two vectors in flight, although the
+/// second one's constants spill (the 16M `tanh`/`sigmoid` map on one
+/// thread: 63.5-64.1 ms with one, 57.8-58.5 with two, alternating in
+/// `cargo bench -p adjoint-compiler --bench map_kernel`); a reduction's
+/// accumulators (one per vector) set the order of its sums, so long
+/// reducing bodies keep one.
 pub(crate) fn default_unroll(spec: &KernelSpec) -> usize {
     let c: usize = spec.body.iter().map(cost).sum();
     if c <= 16 {
