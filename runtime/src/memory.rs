@@ -1,8 +1,10 @@
 //! Process-wide memory settings for tensor workloads, and a counting
 //! allocator that measures peak heap use.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering::Relaxed};
+
+use mimalloc::MiMalloc;
 
 /// Asks the C allocator to keep freed memory for reuse instead of handing
 /// it back to the system, and to serve blocks up to 32 MiB from its heap
@@ -12,7 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering::Relaxed};
 /// again), and every page of it costs a fault and zeroing by the kernel —
 /// more than the arithmetic on it. The price is that memory freed by a
 /// program stays with the process. Takes effect once per process; a no-op
-/// where the allocator is not glibc's.
+/// where the allocator is not glibc's. (The `adjoint` binary allocates
+/// through [`CountingAlloc`], on mimalloc; this is for embedders on the
+/// default allocator, and for the C libraries the process loads.)
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -51,19 +55,26 @@ fn counting() -> bool {
     COUNTING.load(Relaxed)
 }
 
-/// The system allocator, counting the bytes in use and their peak (for
-/// `adjoint run --stats` and the benchmarks), and keeping a few freed
-/// large blocks for reuse. A program opts in with
+/// The allocator of the `adjoint` binary and the benchmarks: mimalloc,
+/// counting the bytes in use and their peak (for `adjoint run --stats`),
+/// and keeping a few freed large blocks for reuse. A program opts in with
 /// `#[global_allocator] static A: CountingAlloc = CountingAlloc;`; it
 /// counts after [`count_heap`], at the cost of two relaxed atomic
 /// operations per allocation, and otherwise one relaxed load.
 ///
-/// Blocks of [`LARGE_BLOCK`] bytes or more are beyond what glibc serves
-/// from its heap (its largest mapping threshold, see
-/// [`keep_freed_memory`]): each is a fresh mapping whose every page costs
-/// a fault and zeroing by the kernel when first written. A loop over a
-/// tensor of 16M floats (64 MiB) would pay that at every step, more than
-/// the arithmetic. So up to [`LARGE_SLOTS`] freed large blocks (at most
+/// Why mimalloc rather than glibc's `malloc`: a loop the VM interprets
+/// allocates per step a few tensors of some KiB, frames, closures and
+/// tuples, and frees them a step later. glibc serves blocks above 1 KiB
+/// from its bins, with consolidation on free; mimalloc's per-thread free
+/// lists by size class take a few instructions. Measured on the reversed
+/// loop over 1000 f32 (`adjoint_bench loop_tensor_grad`) and on compile
+/// times: see `docs/benchmarks.md`.
+///
+/// Blocks of [`LARGE_BLOCK`] bytes or more are mappings of their own,
+/// which an allocator may hand back to the system when they are freed:
+/// then every page of the next one costs a fault and zeroing by the kernel
+/// when first written. A loop over a tensor of 16M floats (64 MiB) would
+/// pay that at every step, more than the arithmetic. So up to [`LARGE_SLOTS`] freed large blocks (at most
 /// [`LARGE_CACHE_BYTES`] together) are kept, and an allocation of the
 /// same size and alignment takes one back. They do not count as in use.
 pub struct CountingAlloc;
@@ -148,7 +159,9 @@ fn grew(by: usize) {
     }
 }
 
-// SAFETY: every call is forwarded to `System` unchanged; the counters are
+// SAFETY: every call is forwarded to `MiMalloc` unchanged (or served by
+// the large-block cache, which hands out only blocks `MiMalloc` made with
+// the same layout); the counters are
 // only bookkeeping.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -158,14 +171,14 @@ unsafe impl GlobalAlloc for CountingAlloc {
                 return p;
             }
         }
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { MiMalloc.alloc(layout) };
         if !p.is_null() {
             grew(layout.size());
         }
         p
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { MiMalloc.alloc_zeroed(layout) };
         if !p.is_null() {
             grew(layout.size());
         }
@@ -173,14 +186,14 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if layout.size() < LARGE_BLOCK || !LARGE.keep(ptr, layout) {
-            unsafe { System.dealloc(ptr, layout) };
+            unsafe { MiMalloc.dealloc(ptr, layout) };
         }
         if counting() {
             IN_USE.fetch_sub(layout.size() as isize, Relaxed);
         }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
         if !p.is_null() && counting() {
             IN_USE.fetch_sub(layout.size() as isize, Relaxed);
             grew(new_size);
@@ -233,8 +246,8 @@ mod tests {
             let q2 = a.alloc(layout);
             let r2 = a.alloc(other);
             assert_eq!((q2, r2), (q, r));
-            System.dealloc(q2, layout);
-            System.dealloc(r2, other);
+            MiMalloc.dealloc(q2, layout);
+            MiMalloc.dealloc(r2, other);
         }
     }
 }
