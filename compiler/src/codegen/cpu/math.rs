@@ -652,11 +652,43 @@ impl<'a, 'f> E<'a, 'f> {
         self.sel(is_inf, inf, y)
     }
 
-    /// Hyperbolic tangent.
+    /// `e^u - 1` for f32 `u` in `[0, 20]` (or NaN), accurate where it is
+    /// small: `u = k ln2 + r` with `|r| <= ln2 / 2`, `e^r - 1` by its
+    /// Taylor series to `r^8` (the first term left out is below 0.2 ulp),
+    /// and `2^k (e^r - 1) + (2^k - 1)`, where `2^k` times anything is exact
+    /// and `2^k - 1` is exact for `k <= 24`: one rounding.
+    fn expm1_f32_nonneg(&mut self, u: Value) -> Value {
+        let (kf, ki) = self.round_split(u, std::f64::consts::LOG2_E);
+        let r = self.madc(kf, -0.693359375, u);
+        let r = self.madc(kf, 2.12194440e-4, r);
+        let q = self.poly(
+            r,
+            &[
+                1.0 / 40320.0,
+                1.0 / 5040.0,
+                1.0 / 720.0,
+                1.0 / 120.0,
+                1.0 / 24.0,
+                1.0 / 6.0,
+                0.5,
+            ],
+        );
+        let r2 = self.mul(r, r);
+        let p = self.mad(r2, q, r);
+        let s = self.pow2i(ki);
+        let s1 = self.addc(s, -1.0);
+        self.mad(s, p, s1)
+    }
+
+    /// Hyperbolic tangent (f64; f32 is [`Self::tanh_f32`]): a rational
+    /// function below 0.625, `1 - 2 / (e^2|x| + 1)` above.
     pub fn tanh(&mut self, x: Value) -> Value {
+        if !self.t.wide {
+            return self.tanh_f32(x);
+        }
         let ax = self.b.ins().fabs(x);
         let z = self.mul(x, x);
-        let small = if self.t.wide {
+        let small = {
             let p = self.poly(
                 z,
                 &[
@@ -678,19 +710,6 @@ impl<'a, 'f> E<'a, 'f> {
             let r = self.div(p, q);
             let r = self.mul(xz, r);
             self.add(x, r)
-        } else {
-            let p = self.poly(
-                z,
-                &[
-                    -5.70498872745E-3,
-                    2.06390887954E-2,
-                    -5.37397155531E-2,
-                    1.33314422036E-1,
-                    -3.33332819422E-1,
-                ],
-            );
-            let p = self.mul(p, z);
-            self.mad(p, x, x)
         };
         let two_ax = self.add(ax, ax);
         let e = self.exp_of(two_ax, false, true);
@@ -704,6 +723,29 @@ impl<'a, 'f> E<'a, 'f> {
         // Both branches have the sign of x (also for ±0).
         let y = self.sel(is_small, small, large);
         self.copysign(y, x)
+    }
+
+    /// f32 `tanh(x) = E / (E + 2)` with `E = e^(2|x|) - 1`, and the sign of
+    /// `x`. One exponential-like sequence and one division, where the
+    /// two-branch form (a polynomial below 0.625, `1 - 2 / (e^2|x| + 1)`
+    /// above, and a select) computes both branches in every lane. On the
+    /// non-negative side the quotient does not amplify `E`'s error
+    /// (`d log t / d log E = 2 / (E + 2) <= 1`). `2|x|` is clamped to 20,
+    /// where `tanh` is 1 in f32, so `E` stays finite; NaN passes.
+    ///
+    /// The price is the rounding of `E + 2`: over 4M f32 evenly spread in
+    /// bits on (0, 10), 92.3% of results are correctly rounded, 7.6% are 1
+    /// ulp off and 0.06% 2 ulp (at |x| < 0.5); the two-branch form had
+    /// 99.7% and at most 1 ulp. Measured gain: the map benchmark's kernel
+    /// (`tanh(2x+1) * sigmoid(x) - x/3`), 10% on one thread.
+    fn tanh_f32(&mut self, x: Value) -> Value {
+        let ax = self.b.ins().fabs(x);
+        let u = self.add(ax, ax);
+        let u = self.clamp(u, None, Some(20.0));
+        let e = self.expm1_f32_nonneg(u);
+        let d = self.addc(e, 2.0);
+        let t = self.div(e, d);
+        self.copysign(t, x)
     }
 
     /// `1 / (1 + e^-x)`.
