@@ -467,27 +467,29 @@ impl KernelSpec {
         Ok(())
     }
 
-    /// The canonical form used as a cache key: dead expressions removed,
+    /// The canonical form used as a cache key: squares made products (see
+    /// [`KernelSpec::squares_as_products`]), dead expressions removed,
     /// common subexpressions merged, constants rounded to the dtype (NaNs
     /// made one NaN), reduction axes sorted. It computes the same function
     /// as `self`. The spec must be valid.
     pub fn canonical(&self) -> KernelSpec {
+        let (src, outputs) = self.squares_as_products();
         // Live expressions, walking back from the outputs.
-        let mut live = vec![false; self.body.len()];
-        for o in &self.outputs {
+        let mut live = vec![false; src.len()];
+        for o in &outputs {
             live[o.index()] = true;
         }
-        for k in (0..self.body.len()).rev() {
+        for k in (0..src.len()).rev() {
             if live[k] {
-                for a in self.body[k].operands() {
+                for a in src[k].operands() {
                     live[a.index()] = true;
                 }
             }
         }
         let mut body: Vec<KExpr> = Vec::new();
         let mut seen: std::collections::HashMap<KExpr, KId> = Default::default();
-        let mut remap = vec![KId(u32::MAX); self.body.len()];
-        for (k, e) in self.body.iter().enumerate() {
+        let mut remap = vec![KId(u32::MAX); src.len()];
+        for (k, e) in src.iter().enumerate() {
             if !live[k] {
                 continue;
             }
@@ -518,9 +520,35 @@ impl KernelSpec {
             shape: self.shape.clone(),
             inputs: self.inputs.clone(),
             body,
-            outputs: self.outputs.iter().map(|o| remap[o.index()]).collect(),
+            outputs: outputs.iter().map(|o| remap[o.index()]).collect(),
             reduce,
         }
+    }
+
+    /// The body and outputs with `x ** 2` as `x * x` and `x ** 1` as `x`
+    /// (its uses read `x`), as the runtime's `pow` computes them
+    /// ([`adjoint_runtime::kernels::num::Num::pow`]): a product in the
+    /// vector loop instead of a library call per lane. The exponents'
+    /// constants are left for the dead-code pass.
+    fn squares_as_products(&self) -> (Vec<KExpr>, Vec<KId>) {
+        let mut body = self.body.clone();
+        let mut alias: Vec<KId> = (0..body.len() as u32).map(KId).collect();
+        for k in 0..body.len() {
+            let e = body[k].map_operands(|a| alias[a.index()]);
+            body[k] = match e {
+                KExpr::Binary(BinaryOp::Pow, a, y) => match body[y.index()] {
+                    KExpr::Const(2.0) => KExpr::Binary(BinaryOp::Mul, a, a),
+                    KExpr::Const(1.0) => {
+                        alias[k] = a;
+                        e
+                    }
+                    _ => e,
+                },
+                _ => e,
+            };
+        }
+        let outputs = self.outputs.iter().map(|o| alias[o.index()]).collect();
+        (body, outputs)
     }
 
     /// `x` rounded to the kernel's dtype.
@@ -753,6 +781,53 @@ mod tests {
         }
     }
 
+    /// Checks that valid `s` canonicalises to `body` and `outputs`, and
+    /// that the canonical form is its own; returns it.
+    fn assert_canonical(s: &KernelSpec, body: Vec<KExpr>, outputs: Vec<KId>) -> KernelSpec {
+        s.validate().unwrap();
+        let c = s.canonical();
+        assert_eq!(c.body, body);
+        assert_eq!(c.outputs, outputs);
+        assert_eq!(c.canonical(), c);
+        c
+    }
+
+    #[test]
+    fn canonical_squares_are_products() {
+        let s = spec(
+            vec![
+                KExpr::Input(0),
+                KExpr::Const(2.0),
+                KExpr::Binary(BinaryOp::Pow, KId(0), KId(1)),
+                KExpr::Const(1.0),
+                KExpr::Binary(BinaryOp::Pow, KId(2), KId(3)),
+                KExpr::Const(3.0),
+                KExpr::Binary(BinaryOp::Pow, KId(4), KId(5)),
+            ],
+            vec![KId(4), KId(6)],
+        );
+        let c = assert_canonical(
+            &s,
+            vec![
+                KExpr::Input(0),
+                KExpr::Binary(BinaryOp::Mul, KId(0), KId(0)),
+                KExpr::Const(3.0),
+                KExpr::Binary(BinaryOp::Pow, KId(1), KId(2)),
+            ],
+            vec![KId(1), KId(3)],
+        );
+        // The reference evaluator (the runtime's `pow`) agrees bit for bit.
+        for x in [0.3f64, -1.7, 1e20, -0.0, f64::INFINITY, f64::NAN, 1e-30] {
+            let x = x as f32 as f64;
+            let input = [x; 6];
+            let a = s.eval_reference(&[&input]);
+            let b = c.eval_reference(&[&input]);
+            for (p, q) in a.iter().zip(&b) {
+                assert_eq!(p[0].to_bits(), q[0].to_bits(), "x = {x}");
+            }
+        }
+    }
+
     #[test]
     fn canonical_removes_dead_code_and_merges() {
         let s = spec(
@@ -767,19 +842,16 @@ mod tests {
             ],
             vec![KId(6)],
         );
-        s.validate().unwrap();
-        let c = s.canonical();
-        assert_eq!(
-            c.body,
+        assert_canonical(
+            &s,
             vec![
                 KExpr::Input(0),
                 KExpr::Const(0.1f32 as f64),
                 KExpr::Binary(BinaryOp::Add, KId(0), KId(1)),
                 KExpr::Binary(BinaryOp::Mul, KId(2), KId(2)),
-            ]
+            ],
+            vec![KId(3)],
         );
-        assert_eq!(c.outputs, vec![KId(3)]);
-        assert_eq!(c.canonical(), c);
     }
 
     #[test]

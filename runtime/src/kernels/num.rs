@@ -361,7 +361,18 @@ macro_rules! float_num {
                 self % o
             }
             fn pow(self, o: Self) -> Self {
-                self.powf(o)
+                // The common squares (and the `x ** 1` of their
+                // derivative) exactly as a correctly rounded `pow` gives
+                // them (special values included: NaN, ±0, ±inf), without a
+                // library call; compiled kernels do the same in vector
+                // code (`codegen::kernel::KernelSpec::canonical`).
+                if o == 2.0 {
+                    self * self
+                } else if o == 1.0 {
+                    self
+                } else {
+                    self.powf(o)
+                }
             }
             fn maximum(self, o: Self) -> Self {
                 if self.is_nan() || self >= o {
@@ -762,6 +773,41 @@ mod tests {
                 "ψ({n})({x}) = {got}, want {want} (error {err:e})"
             );
         }
+    }
+
+    /// `x ** 2` and `x ** 1` skip the library call: the same values as a
+    /// correctly rounded `pow`, special values included.
+    #[test]
+    fn squares_are_exact_products() {
+        let xs = [
+            0.0f64,
+            -0.0,
+            1.5,
+            -3.25,
+            1e200,
+            -1e-200,
+            f64::MIN_POSITIVE / 3.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ];
+        for x in xs {
+            let sq = <f64 as Num>::pow(x, 2.0);
+            let want = x.powf(2.0);
+            assert!(
+                sq.to_bits() == want.to_bits() || (sq.is_nan() && want.is_nan()),
+                "{x}"
+            );
+            assert_eq!(<f64 as Num>::pow(x, 1.0).to_bits(), x.to_bits());
+            let xf = x as f32;
+            let sqf = <f32 as Num>::pow(xf, 2.0);
+            let wantf = xf.powf(2.0);
+            assert!(
+                sqf.to_bits() == wantf.to_bits() || (sqf.is_nan() && wantf.is_nan()),
+                "{xf}"
+            );
+        }
+        assert_eq!(<f64 as Num>::pow(3.0, 3.0), 27.0);
     }
 
     #[test]
