@@ -3,6 +3,11 @@
 
 use adjoint::{ErrorKind, Mode, Session, Value};
 
+// As the README suggests to embedders: every test here runs on Adjoint's
+// allocator.
+#[global_allocator]
+static ALLOC: adjoint::CountingAlloc = adjoint::CountingAlloc;
+
 const SRC: &str = "
 fn power(x, n: i64) {
     let mut acc = 1.0;
