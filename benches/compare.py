@@ -3,6 +3,7 @@
 
     benches/compare.sh            # makes benches/.venv, builds, runs this
     benches/compare.sh --quick    # shorter budgets (a smoke test)
+    benches/compare.sh --runs 3   # three runs in turn: median and spread
 
 Cases (docs/benchmarks.md):
   1. MLP train step, batch 128, 784-512-512-10, ReLU, softmax cross-entropy,
@@ -406,12 +407,58 @@ def add_ratios(res):
             res["gmm_%s_ratio" % short] = g / o
 
 
+def combine_runs(runs):
+    """Per system and case, the median of the runs' values."""
+    out = {}
+    for res in runs:
+        for s, r in res.items():
+            for k, v in r.items():
+                if v is not None:
+                    out.setdefault(s, {}).setdefault(k, []).append(v)
+    return {s: {k: statistics.median(v) for k, v in r.items()} for s, r in out.items()}
+
+
+def print_spread(runs, sysnames):
+    """Each case's lowest and highest run, per system, and the ratios of
+    Adjoint to the others run by run."""
+    others = [s for s in sysnames if s != "adjoint"]
+    head = "%-38s" % ("spread over %d runs" % len(runs)) + "".join("%22s" % s for s in sysnames)
+    if "adjoint" in sysnames:
+        head += "".join("%16s" % ("adj/" + s) for s in others)
+    print(head)
+    print("-" * len(head))
+    for key, label in ROWS:
+        cols = []
+        for s in sysnames:
+            vals = [r[s][key] for r in runs if s in r and r[s].get(key) is not None]
+            if not vals:
+                cols.append("%22s" % "-")
+            elif key.endswith("_ratio"):
+                cols.append("%22s" % ("%.2f-%.2f" % (min(vals), max(vals))))
+            else:
+                cols.append("%22s" % ("%s-%s" % (fmt_time(min(vals)), fmt_time(max(vals)))))
+        if all(c.strip() == "-" for c in cols):
+            continue
+        row = "%-38s" % label + "".join(cols)
+        if "adjoint" in sysnames:
+            for s in others:
+                ratios = [r["adjoint"][key] / r[s][key] for r in runs
+                          if r.get("adjoint", {}).get(key) is not None and r.get(s, {}).get(key)]
+                row += "%16s" % ("%.3g-%.3g" % (min(ratios), max(ratios)) if ratios else "-")
+        print(row)
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget", type=float, default=4.0,
                     help="seconds of timed repetitions per case and system (default 4)")
     ap.add_argument("--max-reps", type=int, default=100, help="at most this many timed runs (default 100)")
     ap.add_argument("--quick", action="store_true", help="budget 0.5 s, at most 10 runs")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="measure every system this many times, one after the other, and report "
+                         "the median of the runs' medians with their spread (default 1): the "
+                         "machine can be slow for a whole run")
     ap.add_argument("--only", nargs="*", default=None,
                     help="cases: mlp gmm_d10 gmm_d20 loop_grad loop_fwd map16m (default all)")
     ap.add_argument("--skip", nargs="*", default=[], help="systems to leave out: adjoint jax torch")
@@ -439,24 +486,35 @@ def main():
         print("[%6.1f s] %s" % (time.perf_counter() - t_start, msg), file=sys.stderr, flush=True)
 
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    results, checks, versions = {}, {}, {}
+    checks, versions = {}, {}
     adj_errors, adj_raw = {}, []
-    if "adjoint" not in args.skip:
-        out, chk, adj_errors, adj_raw, ver = bench_adjoint(cases, args.budget, args.max_reps, log)
-        results["adjoint"], checks["adjoint"], versions["adjoint"] = out, chk, ver
-        for c, e in adj_errors.items():
-            log("adjoint %s failed: %s" % (c, e.strip().splitlines()[0] if e.strip() else e))
-    for name, fn in (("jax", bench_jax), ("torch", bench_torch)):
-        if name in args.skip:
-            continue
-        try:
-            out, chk, ver = fn(cases, args.budget, args.max_reps, log)
-        except ImportError as e:
-            log("%s is not installed (%s): skipped" % (name, e))
-            continue
-        results[name], checks[name], versions[name] = out, chk, ver
-    for r in results.values():
-        add_ratios(r)
+    runs = []  # per run: system -> case -> median
+    skipped = set(args.skip)
+    for run in range(max(1, args.runs)):
+        if args.runs > 1:
+            log("run %d of %d" % (run + 1, args.runs))
+        res = {}
+        if "adjoint" not in skipped:
+            out, chk, errs, raw, ver = bench_adjoint(cases, args.budget, args.max_reps, log)
+            res["adjoint"], checks["adjoint"], versions["adjoint"] = out, chk, ver
+            adj_raw += raw
+            for c, e in errs.items():
+                adj_errors[c] = e
+                log("adjoint %s failed: %s" % (c, e.strip().splitlines()[0] if e.strip() else e))
+        for name, fn in (("jax", bench_jax), ("torch", bench_torch)):
+            if name in skipped:
+                continue
+            try:
+                out, chk, ver = fn(cases, args.budget, args.max_reps, log)
+            except ImportError as e:
+                log("%s is not installed (%s): skipped" % (name, e))
+                skipped.add(name)
+                continue
+            res[name], checks[name], versions[name] = out, chk, ver
+        for r in res.values():
+            add_ratios(r)
+        runs.append(res)
+    results = combine_runs(runs)
 
     # Do the systems compute the same thing?
     print("Cross-check (GMM objective and gradient sum; loop gradient and value):")
@@ -499,7 +557,10 @@ def main():
         row += "%12s%12s" % (fmt_time(goal[0]) if goal[0] else "-", fmt_time(goal[1]) if goal[1] else "-")
         print(row)
     print()
-    print("Medians of repeated runs; adj/X is Adjoint's time over X's (higher: Adjoint slower).")
+    if len(runs) > 1:
+        print_spread(runs, sysnames)
+    print("Medians of repeated runs%s; adj/X is Adjoint's time over X's (higher: Adjoint slower)." % (
+        ", then the median over %d runs" % len(runs) if len(runs) > 1 else ""))
     print("Versions: " + "; ".join("%s" % v for v in versions.values()))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print("Machine: %s, %d CPUs, Python %s; threads: %s; load average %.1f at the start, %.1f at the end; total %.0f s" % (

@@ -5,6 +5,7 @@
 #
 #   benches/compare.sh             # the full run (a few minutes)
 #   benches/compare.sh --quick     # a smoke test
+#   benches/compare.sh --runs 3    # three runs in turn: median and spread
 #
 # PYTHON picks the interpreter for the virtualenv (default python3);
 # CARGO_TARGET_DIR is honoured as usual.
