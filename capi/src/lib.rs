@@ -406,7 +406,7 @@ fn flatten(v: &Value, out: &mut Vec<Option<Tensor>>) -> Result<(), String> {
             }
         }
         Value::Str(_) => return Err("a string cannot be returned through the C interface".into()),
-        Value::Func(_) => {
+        Value::Func(_) | Value::Tape(_) => {
             return Err("a function cannot be returned through the C interface".into())
         }
         Value::DType(_) => return Err("a dtype cannot be returned through the C interface".into()),

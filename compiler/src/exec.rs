@@ -143,6 +143,13 @@ fn compile_graphs(
     } else {
         Lifted::default()
     };
+    // Tapes where the closures' captures are not read at run time (by the
+    // hook that differentiates function values), in graph mode unless
+    // `ADJOINT_NO_TAPE` is set (to measure what they save).
+    let tapes = (lift
+        && dynamic_ad_ops(m, &graphs).is_empty()
+        && std::env::var_os("ADJOINT_NO_TAPE").is_none())
+    .then(|| Tapes::find(m, &bodies, &lifted, plan));
     let code_of: HashMap<GraphId, CodeId> = graphs
         .iter()
         .enumerate()
@@ -160,8 +167,22 @@ fn compile_graphs(
             locs: &mut ex.locs,
             loc_base: 0,
             lifted: &lifted,
+            tapes: tapes.as_ref(),
         };
         let code = compile_graph(m, g, body, &fv, &mut t, plan)?;
+        if std::env::var_os("ADJOINT_VM_DUMP").is_some() {
+            eprintln!(
+                "code {} `{}` ({} params, {} captures):",
+                ex.program.codes.len(),
+                code.name,
+                code.n_params,
+                code.n_captures
+            );
+            for i in &code.instrs {
+                eprintln!("    {i:?}");
+            }
+            eprintln!("    return {:?}", code.ret);
+        }
         ex.program.codes.push(code);
     }
     Ok(ex)
@@ -195,6 +216,7 @@ pub fn compile_more(
             locs,
             loc_base,
             lifted: &lifted,
+            tapes: None,
         };
         let body = graph_body_with(m, g, fv);
         out.push(compile_graph(m, g, &body, fv, &mut t, None)?);
@@ -209,6 +231,117 @@ struct Tables<'t> {
     locs: &'t mut Vec<Loc>,
     loc_base: u32,
     lifted: &'t Lifted,
+    /// Reverse mode's stacks as tapes ([`Tapes`]); `None` leaves them lists
+    /// of closures.
+    tapes: Option<&'t Tapes>,
+}
+
+/// The pushes onto reverse mode's stacks of backpropagators, and the calls
+/// of a stack's top, that compile to tape instructions
+/// ([`adjoint_runtime::tape`]): a reversed loop then saves each step's
+/// values in one buffer instead of making a closure and a list cell, and
+/// the backward loop calls each record straight from that buffer.
+#[derive(Default)]
+struct Tapes {
+    /// `ad_hide(t)` with `t = make_tuple(@B, stack)` used only there: the
+    /// backpropagator's graph and the stack.
+    pushes: HashMap<NodeId, (GraphId, NodeId)>,
+    /// `call(b, args..)` with `b = tuple_get(stack, 0)` used only there:
+    /// the stack.
+    first_calls: HashMap<NodeId, NodeId>,
+    /// The `make_tuple` and `tuple_get` nodes those replace.
+    skipped: HashSet<NodeId>,
+}
+
+impl Tapes {
+    fn find(
+        m: &Module,
+        bodies: &[Vec<NodeId>],
+        lifted: &Lifted,
+        plan: Option<&crate::fuse::Plan>,
+    ) -> Tapes {
+        // How often each node is read: as an input, an output, or by a
+        // fused group or its continuation.
+        let mut reads: HashMap<NodeId, usize> = HashMap::new();
+        let mut graphs_seen = HashSet::new();
+        for body in bodies {
+            for &n in body {
+                for &i in m.inputs(n) {
+                    *reads.entry(i).or_default() += 1;
+                }
+                if let Some(g) = m.node(n).graph {
+                    graphs_seen.insert(g);
+                }
+            }
+        }
+        for g in graphs_seen {
+            if let Some(out) = m.graph(g).output {
+                *reads.entry(out).or_default() += 1;
+            }
+        }
+        for group in plan.map(|p| p.groups.as_slice()).unwrap_or_default() {
+            for &x in &group.inputs {
+                *reads.entry(x).or_default() += 1;
+            }
+            if let Some(then) = &group.then {
+                *reads.entry(then.callee).or_default() += 1;
+                for a in &then.args {
+                    if let crate::fuse::ContArg::Node(x) = a {
+                        *reads.entry(*x).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let in_group = |n: NodeId| plan.is_some_and(|p| p.member_of.contains_key(&n));
+        let once = |n: NodeId| reads.get(&n) == Some(&1) && !in_group(n);
+        let mut t = Tapes::default();
+        for body in bodies {
+            for &n in body {
+                if in_group(n) {
+                    continue;
+                }
+                let ins = m.inputs(n);
+                match m.applied_prim(n) {
+                    Some(Prim::AdHide) if ins.len() == 2 => {
+                        let tup = ins[1];
+                        let ti = m.inputs(tup);
+                        if m.applied_prim(tup) != Some(Prim::MakeTuple)
+                            || ti.len() != 3
+                            || !once(tup)
+                        {
+                            continue;
+                        }
+                        let Some(b) = m.as_graph(ti[1]) else { continue };
+                        if lifted.extra.contains_key(&b) {
+                            continue;
+                        }
+                        t.pushes.insert(n, (b, ti[2]));
+                        t.skipped.insert(tup);
+                    }
+                    // In reverse mode's `unwind` only (its stack's top is
+                    // the backpropagator to run).
+                    None if !ins.is_empty()
+                        && m.node(n).graph.is_some_and(|g| {
+                            let graph = m.graph(g);
+                            graph.name.starts_with("unwind") && graph.output != Some(n)
+                        }) =>
+                    {
+                        let b = ins[0];
+                        let bi = m.inputs(b);
+                        let first = m.applied_prim(b) == Some(Prim::TupleGet)
+                            && bi.len() == 3
+                            && matches!(m.as_const(bi[2]), Some(Const::Int(0)));
+                        if first && once(b) && m.node(b).graph == m.node(n).graph {
+                            t.first_calls.insert(n, bi[1]);
+                            t.skipped.insert(b);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        t
+    }
 }
 
 /// The lambda-lifted graphs and the values each takes after its own
@@ -630,9 +763,44 @@ fn compile_graph(
         };
         let node = m.node(n);
         let inputs = m.inputs(n);
+        let tapes = ex.tapes;
+        if tapes.is_some_and(|t| t.skipped.contains(&n)) {
+            // Made part of a tape instruction below.
+            continue;
+        }
         let loc = ex.push_loc(node.loc);
         let dst = b.n_slots;
         b.n_slots += 1;
+        if let Some(&(bg, stack)) = tapes.and_then(|t| t.pushes.get(&n)) {
+            let code = *ex.code_of.get(&bg).ok_or_else(|| ExecError {
+                message: format!("graph {bg} is not compiled"),
+                loc: node.loc,
+            })?;
+            let stack = b.operand(stack, ex)?;
+            let mut captures = Vec::with_capacity(fv.get(bg).len());
+            for &v in fv.get(bg) {
+                captures.push(b.operand(v, ex)?);
+            }
+            b.instrs.push(Instr::TapePush {
+                dst,
+                stack,
+                code,
+                captures,
+                hint: Default::default(),
+            });
+            b.slot_of.insert(n, dst);
+            continue;
+        }
+        if let Some(&stack) = tapes.and_then(|t| t.first_calls.get(&n)) {
+            let of = b.operand(stack, ex)?;
+            let mut args = Vec::with_capacity(inputs.len() - 1);
+            for &i in &inputs[1..] {
+                args.push(b.operand(i, ex)?);
+            }
+            b.instrs.push(Instr::CallFirst { dst, of, args, loc });
+            b.slot_of.insert(n, dst);
+            continue;
+        }
         let instr = match m.as_const(inputs[0]) {
             Some(Const::Prim(Prim::Switch)) => {
                 if inputs.len() != 4 {

@@ -58,6 +58,7 @@ pub mod host;
 pub mod kernels;
 pub mod memory;
 pub mod shape;
+pub mod tape;
 pub mod tensor;
 pub mod threads;
 pub mod value;

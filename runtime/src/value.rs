@@ -97,6 +97,9 @@ pub enum Value {
     /// An environment of cotangents for the free variables of a closure,
     /// keyed by the forward node's id, sorted by key, keys unique.
     Env(Arc<Vec<(u64, Value)>>),
+    /// Reverse mode's stack of backpropagators stored flat
+    /// ([`crate::tape`]); it reads as the list `(top, rest)` it stands for.
+    Tape(crate::tape::Tape),
 }
 
 impl Value {
@@ -169,6 +172,7 @@ impl Value {
             Value::Io => "io".into(),
             Value::Zero => "zero".into(),
             Value::Env(_) => "env".into(),
+            Value::Tape(_) => "function stack".into(),
         }
     }
 }
@@ -318,6 +322,7 @@ impl PartialEq for Value {
             (Value::Io, Value::Io) => true,
             (Value::Zero, Value::Zero) => true,
             (Value::Env(a), Value::Env(b)) => a == b,
+            (Value::Tape(a), Value::Tape(b)) => a.same(b),
             _ => false,
         }
     }
@@ -357,6 +362,7 @@ impl fmt::Display for Value {
             Value::Io => write!(f, "<io>"),
             Value::Zero => write!(f, "zero"),
             Value::Env(_) => write!(f, "<env>"),
+            Value::Tape(t) => write!(f, "<stack of {} functions>", t.len()),
         }
     }
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::dynamic::{DynOp, DynamicHook};
 use crate::error::RtError;
 use crate::kernels::{Ctx, Kernel};
+use crate::tape::{Tape, TapeHint};
 use crate::value::{Closure, CodeId, Value};
 
 /// An instruction operand: a slot of the current frame or a constant of the
@@ -91,6 +92,26 @@ pub enum Instr {
         args: Vec<Operand>,
         loc: LocIndex,
     },
+    /// `dst = stack` with the function `code` of `captures` pushed on top
+    /// (`make_tuple(closure, stack)`, kept as a [`Tape`] when `stack` is
+    /// one or `()`: the captures are appended to the tape's buffer and no
+    /// closure is made).
+    TapePush {
+        dst: u32,
+        stack: Operand,
+        code: CodeId,
+        captures: Vec<Operand>,
+        /// How long this site's last tape grew.
+        hint: Arc<TapeHint>,
+    },
+    /// `dst = tuple_get(of, 0)(args..)`: calls the first element of a
+    /// tuple, or the top of a tape straight from its buffer.
+    CallFirst {
+        dst: u32,
+        of: Operand,
+        args: Vec<Operand>,
+        loc: LocIndex,
+    },
     /// Returns `callee(args..)`, replacing the current frame.
     TailCall {
         callee: Operand,
@@ -108,6 +129,16 @@ impl std::fmt::Debug for Instr {
             Instr::Native {
                 dst, kernel, args, ..
             } => write!(f, "s{dst} = native {}{args:?}", kernel.name()),
+            Instr::TapePush {
+                dst,
+                stack,
+                code,
+                captures,
+                ..
+            } => write!(f, "s{dst} = tape_push({stack:?}, {code:?}{captures:?})"),
+            Instr::CallFirst { dst, of, args, .. } => {
+                write!(f, "s{dst} = call_first({of:?}){args:?}")
+            }
             Instr::Switch {
                 dst, cond, a, b, ..
             } => {
@@ -374,10 +405,10 @@ impl<'a> Vm<'a> {
     fn make_frame(
         &self,
         f: &Value,
-        mut args: Vec<Value>,
+        args: Vec<Value>,
         ret_dst: Option<u32>,
         loc: Option<LocIndex>,
-        mut slots: Vec<Option<Value>>,
+        slots: Vec<Option<Value>>,
     ) -> Result<Frame, VmError> {
         let Value::Func(closure) = f else {
             return Err(VmError {
@@ -386,7 +417,20 @@ impl<'a> Vm<'a> {
                 trace: Vec::new(),
             });
         };
-        let code = self.program.code_any(closure.code)?;
+        self.frame_of(closure.code, &closure.captures, args, ret_dst, loc, slots)
+    }
+
+    /// A frame for calling `code` with these captures.
+    fn frame_of(
+        &self,
+        code_id: CodeId,
+        captures: &[Value],
+        mut args: Vec<Value>,
+        ret_dst: Option<u32>,
+        loc: Option<LocIndex>,
+        mut slots: Vec<Option<Value>>,
+    ) -> Result<Frame, VmError> {
+        let code = self.program.code_any(code_id)?;
         if code.extra_args && args.len() > code.n_params as usize {
             args.truncate(code.n_params as usize);
         }
@@ -406,15 +450,30 @@ impl<'a> Vm<'a> {
         slots.clear();
         slots.reserve(code.n_slots as usize);
         slots.extend(args.into_iter().map(Some));
-        slots.extend(closure.captures.iter().cloned().map(Some));
+        slots.extend(captures.iter().cloned().map(Some));
         slots.resize(code.n_slots as usize, None);
         Ok(Frame {
-            code: closure.code,
+            code: code_id,
             pc: 0,
             slots,
             call_loc: loc,
             ret_dst,
         })
+    }
+
+    /// An error when `depth` frames are as many as the limits allow.
+    fn check_depth(&self, depth: usize, loc: LocIndex) -> Result<(), VmError> {
+        if depth >= self.limits.max_depth {
+            return Err(VmError {
+                message: format!(
+                    "recursion too deep: more than {} nested calls",
+                    self.limits.max_depth
+                ),
+                loc: Some(loc),
+                trace: Vec::new(),
+            });
+        }
+        Ok(())
     }
 
     fn run(&mut self, base: usize) -> Result<Value, VmError> {
@@ -542,17 +601,60 @@ impl<'a> Vm<'a> {
                     let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
                     let (dst, loc) = (*dst, *loc);
                     interrupted(loc)?;
-                    if depth >= self.limits.max_depth {
-                        return Err(VmError {
-                            message: format!(
-                                "recursion too deep: more than {} nested calls",
-                                self.limits.max_depth
-                            ),
-                            loc: Some(loc),
-                            trace: Vec::new(),
-                        });
-                    }
+                    self.check_depth(depth, loc)?;
                     self.push_frame(&f, values, Some(dst), Some(loc))?;
+                }
+                Instr::TapePush {
+                    dst,
+                    stack,
+                    code: target,
+                    captures,
+                    hint,
+                } => {
+                    let s = read(frame, code, *stack);
+                    let caps = captures.iter().map(|a| read(frame, code, *a));
+                    let v = match Tape::push(&s, *target, caps, hint) {
+                        Some(t) => t,
+                        None => {
+                            // A list of tuples: push a cell on it.
+                            CLOSURES_MADE.with(|c| c.set(c.get() + 1));
+                            let captures = captures.iter().map(|a| read(frame, code, *a)).collect();
+                            let f = Value::Func(Arc::new(Closure {
+                                code: *target,
+                                captures,
+                            }));
+                            Value::tuple(vec![f, s])
+                        }
+                    };
+                    frame.slots[*dst as usize] = Some(v);
+                }
+                Instr::CallFirst { dst, of, args, loc } => {
+                    let s = read(frame, code, *of);
+                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
+                    let (dst, loc) = (*dst, *loc);
+                    interrupted(loc)?;
+                    self.check_depth(depth, loc)?;
+                    let new = match &s {
+                        Value::Tape(t) if !t.is_empty() => {
+                            let slots = self.spare_slots.pop().unwrap_or_default();
+                            t.with_top(|c, caps| {
+                                self.frame_of(c, caps, values, Some(dst), Some(loc), slots)
+                            })
+                            .expect("the tape is not empty")?
+                        }
+                        _ => {
+                            let zero = Value::Tensor(crate::tensor::Tensor::weak_i64(0));
+                            let first = crate::kernels::structural::tuple_get(self, &[s, zero])
+                                .map_err(|e| VmError {
+                                    message: e.to_string(),
+                                    loc: Some(loc),
+                                    trace: Vec::new(),
+                                })?;
+                            let slots = self.spare_slots.pop().unwrap_or_default();
+                            self.make_frame(&first, values, Some(dst), Some(loc), slots)?
+                        }
+                    };
+                    self.frames.push(new);
                 }
                 Instr::TailCall { callee, args, loc } => {
                     interrupted(*loc)?;

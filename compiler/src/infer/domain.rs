@@ -289,7 +289,7 @@ impl AbsVal {
             Value::Str(s) => AbsVal::Str(Some(s.clone())),
             Value::DType(d) => AbsVal::DType(*d),
             Value::Io => AbsVal::Io,
-            Value::Func(_) => return None,
+            Value::Func(_) | Value::Tape(_) => return None,
             // Values made by differentiation have no static type of their own.
             Value::Zero | Value::Env(_) => AbsVal::Unknown,
         })

@@ -57,6 +57,18 @@ fn operands(instr: &mut Instr) -> Vec<&mut Operand> {
         Instr::Prim { args, .. } | Instr::Native { args, .. } => args.iter_mut().collect(),
         Instr::Switch { cond, a, b, .. } => vec![cond, a, b],
         Instr::MakeClosure { captures, .. } => captures.iter_mut().collect(),
+        Instr::TapePush {
+            stack, captures, ..
+        } => {
+            let mut v = vec![stack];
+            v.extend(captures.iter_mut());
+            v
+        }
+        Instr::CallFirst { of, args, .. } => {
+            let mut v = vec![of];
+            v.extend(args.iter_mut());
+            v
+        }
         Instr::Call { callee, args, .. } | Instr::TailCall { callee, args, .. } => {
             let mut v = vec![callee];
             v.extend(args.iter_mut());

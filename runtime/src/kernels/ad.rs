@@ -562,16 +562,25 @@ pub fn index_grad(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 pub fn tuple_grad(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "tuple_grad";
     arity(op, args, 3)?;
-    let items = super::args::tuple(op, &args[0], "t")?;
+    // A tape stands for the list `(top, rest)` (or `()` when empty).
+    let n_tape = match &args[0] {
+        Value::Tape(t) if t.is_empty() => Some(0),
+        Value::Tape(_) => Some(2),
+        _ => None,
+    };
+    let items = match n_tape {
+        Some(_) => &[][..],
+        None => super::args::tuple(op, &args[0], "t")?,
+    };
     let i = int(op, &args[1], "the index")?;
-    let n = items.len() as i64;
+    let n = n_tape.unwrap_or(items.len()) as i64;
     let j = if i < 0 { i + n } else { i };
     if !(0..n).contains(&j) {
         return err(format!(
             "{op}: index {i} is out of range for a tuple of {n}"
         ));
     }
-    let mut out = vec![Value::Zero; items.len()];
+    let mut out = vec![Value::Zero; n as usize];
     out[j as usize] = args[2].clone();
     Ok(Value::tuple(out))
 }
@@ -707,7 +716,7 @@ pub fn ad_key(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 /// Whether a closure occurs in `v` (tuples and records are searched).
 pub fn contains_function(v: &Value) -> bool {
     match v {
-        Value::Func(_) => true,
+        Value::Func(_) | Value::Tape(_) => true,
         Value::Tuple(t) => t.iter().any(contains_function),
         Value::Record(r) => r.fields.iter().any(|(_, x)| contains_function(x)),
         _ => false,

@@ -21,6 +21,18 @@ pub fn tuple_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
         int(op, &args[1], "the index")?;
         return Ok(Value::Zero);
     }
+    if let Value::Tape(t) = &args[0] {
+        // The list `(top, rest)` the tape stands for.
+        let i = int(op, &args[1], "the index")?;
+        let n = if t.is_empty() { 0 } else { 2 };
+        return match (i, t.top()) {
+            (0 | -2, Some(top)) => Ok(top),
+            (1 | -1, Some(_)) => Ok(Value::Tape(t.rest())),
+            _ => Err(RtError::new(format!(
+                "tuple_get: index {i} is out of range for a tuple of {n}"
+            ))),
+        };
+    }
     let items = super::args::tuple(op, &args[0], "t")?;
     let i = int(op, &args[1], "the index")?;
     let n = items.len() as i64;
@@ -39,6 +51,10 @@ pub fn tuple_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 pub fn tuple_len(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "tuple_len";
     arity(op, args, 1)?;
+    if let Value::Tape(t) = &args[0] {
+        let n = if t.is_empty() { 0 } else { 2 };
+        return Ok(Value::Tensor(Tensor::weak_i64(n)));
+    }
     let items = super::args::tuple(op, &args[0], "t")?;
     Ok(Value::Tensor(Tensor::weak_i64(items.len() as i64)))
 }

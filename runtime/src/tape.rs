@@ -1,0 +1,262 @@
+//! Reverse mode's stack of backpropagators, stored as a tape.
+//!
+//! A reversed loop pushes, at every step, the backpropagator of that step:
+//! a function of the cotangent, which reads the values the step saved.
+//! Built from tuples and closures, the stack is a linked list
+//! `(B_n, (B_n-1, .. ()))` whose every cell costs a closure (and the vector
+//! of its captures) and a tuple. A [`Tape`] holds the same stack as two
+//! vectors: the saved values, one record after another, and per record the
+//! code that reads them (which says what the record's values are: its
+//! "type") and where its values start. Pushing appends to both; popping
+//! gives the tape one record shorter, over the same buffer. No closure is
+//! made until something asks for the top as a value; the VM calls the top
+//! record directly ([`crate::vm::Instr::CallFirst`]).
+//!
+//! A tape is a value like any other: `tuple_len` and `tuple_get` see the
+//! list it stands for (length 2 unless empty; element 0 the top function,
+//! element 1 the rest). Popping does not destroy, so a backpropagator may
+//! run twice. Pushing onto a tape that is not the whole buffer (a shorter
+//! tape over a buffer that has grown since) copies the records it has
+//! first, so no value ever sees another's pushes.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::value::{Closure, CodeId, Value};
+
+/// Where a push site remembers how long its last tape grew (records,
+/// values), so that the next tape it starts is allocated at that size.
+#[derive(Debug, Default)]
+pub struct TapeHint {
+    records: AtomicUsize,
+    values: AtomicUsize,
+}
+
+impl TapeHint {
+    /// The capacities to allocate (records, values).
+    pub fn get(&self) -> (usize, usize) {
+        (self.records.load(Relaxed), self.values.load(Relaxed))
+    }
+}
+
+#[derive(Debug)]
+struct Buf {
+    /// Per record: its code, and where its values start in `values`.
+    records: Vec<(CodeId, u32)>,
+    values: Vec<Value>,
+    hint: Option<Arc<TapeHint>>,
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        if let Some(h) = &self.hint {
+            h.records.store(self.records.len(), Relaxed);
+            h.values.store(self.values.len(), Relaxed);
+        }
+    }
+}
+
+/// A stack of backpropagators: the first `len` records of a shared buffer.
+#[derive(Clone, Debug)]
+pub struct Tape {
+    buf: Arc<Mutex<Buf>>,
+    len: usize,
+}
+
+/// The most values a tape holds (its positions are `u32`).
+const MAX_VALUES: usize = u32::MAX as usize;
+
+impl Tape {
+    fn lock(&self) -> MutexGuard<'_, Buf> {
+        // A panic while the lock was held leaves the buffer consistent
+        // (every change is one push): go on with it.
+        self.buf.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many backpropagators are on the tape.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `stack` with the function `code` of `captures` pushed on top, where
+    /// `stack` is a tape or `()` (an empty stack: a new tape, sized by
+    /// `hint`). `None` for any other `stack` (a list of tuples made by
+    /// code that does not use tapes), and for a tape that would outgrow
+    /// `u32` positions: then `captures` has not been read, and the caller
+    /// pushes a tuple cell.
+    pub fn push(
+        stack: &Value,
+        code: CodeId,
+        captures: impl ExactSizeIterator<Item = Value>,
+        hint: &Arc<TapeHint>,
+    ) -> Option<Value> {
+        let n = captures.len();
+        match stack {
+            Value::Tape(t) => {
+                let mut buf = t.lock();
+                if buf.records.len() == t.len && buf.values.len() + n <= MAX_VALUES {
+                    let start = buf.values.len() as u32;
+                    buf.records.push((code, start));
+                    buf.values.extend(captures);
+                    drop(buf);
+                    return Some(Value::Tape(Tape {
+                        buf: t.buf.clone(),
+                        len: t.len + 1,
+                    }));
+                }
+                // Another push went on from this tape: copy what it has.
+                let end = buf
+                    .records
+                    .get(t.len)
+                    .map_or(buf.values.len(), |r| r.1 as usize);
+                if end + n > MAX_VALUES {
+                    return None;
+                }
+                let mut records = Vec::with_capacity(t.len + 1);
+                records.extend_from_slice(&buf.records[..t.len]);
+                let mut values = Vec::with_capacity(end + n);
+                values.extend_from_slice(&buf.values[..end]);
+                drop(buf);
+                records.push((code, end as u32));
+                values.extend(captures);
+                Some(Tape::from_parts(records, values, Some(hint.clone())))
+            }
+            Value::Tuple(t) if t.is_empty() => {
+                let (r, v) = hint.get();
+                let mut records = Vec::with_capacity(r.max(1));
+                let mut values = Vec::with_capacity(v.max(n));
+                records.push((code, 0));
+                values.extend(captures);
+                Some(Tape::from_parts(records, values, Some(hint.clone())))
+            }
+            _ => None,
+        }
+    }
+
+    fn from_parts(
+        records: Vec<(CodeId, u32)>,
+        values: Vec<Value>,
+        hint: Option<Arc<TapeHint>>,
+    ) -> Value {
+        let len = records.len();
+        Value::Tape(Tape {
+            buf: Arc::new(Mutex::new(Buf {
+                records,
+                values,
+                hint,
+            })),
+            len,
+        })
+    }
+
+    /// The tape without its top record (itself when empty).
+    pub fn rest(&self) -> Tape {
+        Tape {
+            buf: self.buf.clone(),
+            len: self.len.saturating_sub(1),
+        }
+    }
+
+    /// Runs `f` on the top record's code and values; `None` when empty.
+    pub fn with_top<R>(&self, f: impl FnOnce(CodeId, &[Value]) -> R) -> Option<R> {
+        if self.len == 0 {
+            return None;
+        }
+        let buf = self.lock();
+        let (code, start) = buf.records[self.len - 1];
+        let end = buf
+            .records
+            .get(self.len)
+            .map_or(buf.values.len(), |r| r.1 as usize);
+        Some(f(code, &buf.values[start as usize..end]))
+    }
+
+    /// The top record as a function value (a closure of its code).
+    pub fn top(&self) -> Option<Value> {
+        self.with_top(|code, captures| {
+            Value::Func(Arc::new(Closure {
+                code,
+                captures: captures.to_vec(),
+            }))
+        })
+    }
+
+    /// Whether `self` and `other` are the same stack (the same records of
+    /// the same buffer).
+    pub fn same(&self, other: &Tape) -> bool {
+        Arc::ptr_eq(&self.buf, &other.buf) && self.len == other.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Tensor;
+
+    fn int(v: i64) -> Value {
+        Value::Tensor(Tensor::scalar_i64(v))
+    }
+
+    fn top(t: &Value) -> (u32, Vec<i64>) {
+        let Value::Tape(t) = t else { panic!("a tape") };
+        t.with_top(|c, vs| (c.0, vs.iter().map(|v| v.to_i64().unwrap()).collect()))
+            .expect("not empty")
+    }
+
+    fn rest(t: &Value) -> Value {
+        let Value::Tape(t) = t else { panic!("a tape") };
+        Value::Tape(t.rest())
+    }
+
+    #[test]
+    fn pushes_and_pops_in_order() {
+        let hint = Arc::new(TapeHint::default());
+        let mut s = Value::unit();
+        for i in 0..5 {
+            let caps: Vec<Value> = (0..i).map(int).collect();
+            s = Tape::push(&s, CodeId(i as u32), caps.into_iter(), &hint).unwrap();
+        }
+        for i in (0..5).rev() {
+            assert_eq!(top(&s), (i as u32, (0..i).collect()));
+            s = rest(&s);
+        }
+        let Value::Tape(t) = &s else { panic!() };
+        assert!(t.is_empty());
+        assert!(t.top().is_none());
+    }
+
+    #[test]
+    fn a_shorter_tape_pushed_again_does_not_disturb_the_longer() {
+        let hint = Arc::new(TapeHint::default());
+        let a = Tape::push(&Value::unit(), CodeId(1), [int(10)].into_iter(), &hint).unwrap();
+        let b = Tape::push(&a, CodeId(2), [int(20), int(21)].into_iter(), &hint).unwrap();
+        // Push onto `a` again: a branch of its own.
+        let c = Tape::push(&a, CodeId(3), [int(30)].into_iter(), &hint).unwrap();
+        assert_eq!(top(&b), (2, vec![20, 21]));
+        assert_eq!(top(&c), (3, vec![30]));
+        assert_eq!(top(&rest(&c)), (1, vec![10]));
+        assert_eq!(top(&rest(&b)), (1, vec![10]));
+    }
+
+    #[test]
+    fn a_dropped_tape_sizes_the_next() {
+        let hint = Arc::new(TapeHint::default());
+        let mut s = Value::unit();
+        for i in 0..100 {
+            s = Tape::push(&s, CodeId(0), [int(i), int(i)].into_iter(), &hint).unwrap();
+        }
+        drop(s);
+        assert_eq!(hint.get(), (100, 200));
+    }
+
+    #[test]
+    fn only_tapes_and_unit_take_pushes() {
+        let hint = Arc::new(TapeHint::default());
+        let cell = Value::tuple(vec![int(1), Value::unit()]);
+        assert!(Tape::push(&cell, CodeId(0), std::iter::empty(), &hint).is_none());
+    }
+}
