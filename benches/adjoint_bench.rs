@@ -8,7 +8,8 @@
 //! Options: `--json` (one JSON object per case on stdout, for compare.py),
 //! `--budget SECONDS` (the time spent on the timed repetitions of one case,
 //! default 6), `--max-reps N` (default 50), `--mode eager|graph` (default
-//! eager, or `ADJOINT_BENCH_MODE`), then case names or prefixes to run
+//! graph, the mode `adjoint run` uses, or `ADJOINT_BENCH_MODE`), then case
+//! names or prefixes to run
 //! (default: all). The cases are listed by `--list`.
 //!
 //! How it measures. The public API (`Session::load_file_with`, then
@@ -295,10 +296,10 @@ fn parse_args() -> Result<Options, String> {
         json: false,
         budget: 6.0,
         max_reps: 50,
-        mode: if mode_env == "graph" {
-            Mode::Graph
-        } else {
+        mode: if mode_env == "eager" {
             Mode::Eager
+        } else {
+            Mode::Graph
         },
         selected: Vec::new(),
         list: false,
