@@ -171,6 +171,17 @@ pub const RULES: &[RuleDef] = &[
         "(sum_to (neg ?x) ?t)",
         Pat("(neg (sum_to ?x ?t))"),
     ),
+    // A product summed over the rows of its left factor: sum those rows
+    // first, Σ_i (A B)_ij = (Σ_i A_i) B, one row through the product
+    // instead of all. The gradient of `x - mean` fed through a matrix
+    // (GMM's means) has this form. The sums are reassociated: within
+    // rows · inner roundings of the product's.
+    rule(
+        "sum-to-matmul",
+        AdCleanup,
+        "(sum_to (matmul ?a ?b) ?t)",
+        Build(sum_to_matmul),
+    ),
     rule(
         "sum-neg",
         AdCleanup,
@@ -269,6 +280,33 @@ fn sum_to_broadcast(g: &mut MetaGraph, s: &Subst) -> Option<Id> {
     }
     let n = to.iter().product::<usize>() / xs.iter().product::<usize>().max(1);
     times(g, x, n)
+}
+
+fn sum_to_matmul(g: &mut MetaGraph, s: &Subst) -> Option<Id> {
+    let (a, b) = (s[var("?a")], s[var("?b")]);
+    let (sa, sb) = (shape_of(g, a)?, shape_of(g, b)?);
+    let t = dims_of(g, s[var("?t")])?;
+    let r = sa.len();
+    // `a` has every axis of the product but its last (no broadcasting of
+    // `a`'s batch axes), `b` is a matrix or a batch of them, and the sum
+    // keeps every axis of the product but its rows, which it reduces to 1.
+    if r < 2 || sb.len() < 2 || sb.len() > r || t.len() != r {
+        return None;
+    }
+    let batch_b = &sb[..sb.len() - 2];
+    let fits = t[..r - 2] == sa[..r - 2]
+        && sa[r - 2 - batch_b.len()..r - 2] == *batch_b
+        && t[r - 2] == 1
+        && sa[r - 2] > 1
+        && t[r - 1] == sb[sb.len() - 1];
+    if !fits {
+        return None;
+    }
+    let mut rows = sa.clone();
+    rows[r - 2] = 1;
+    let d = g.add(Meta::Dims(Dims(rows)));
+    let summed = g.add(Meta::SumTo([a, d]));
+    Some(g.add(Meta::Matmul([summed, b])))
 }
 
 fn sum_broadcast_scalar(g: &mut MetaGraph, s: &Subst) -> Option<Id> {

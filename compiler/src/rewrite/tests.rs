@@ -30,6 +30,8 @@ fn env() -> Vec<(&'static str, DType, &'static [usize])> {
         ("u", DType::F32, &[8, 2]),
         ("w", DType::F32, &[2, 8]),
         ("d", DType::F64, &[4, 3]),
+        ("ba", DType::F64, &[2, 5, 3]),
+        ("bb", DType::F64, &[2, 3, 4]),
     ]
 }
 
@@ -61,6 +63,16 @@ const TABLE: &[(&str, &str, &str)] = &[
     ),
     ("sum-to-same", "(sum_to x [4,3])", "x"),
     ("sum-to-neg", "(sum_to (neg x) [3])", "(neg (sum_to x [3]))"),
+    (
+        "sum-to-matmul",
+        "(sum_to (matmul ba bb) [2,1,4])",
+        "(matmul (sum_to ba [2,1,3]) bb)",
+    ),
+    (
+        "sum-to-matmul",
+        "(sum_to (matmul q p) [1,4])",
+        "(matmul (sum_to q [1,5]) p)",
+    ),
     ("sum-neg", "(sum (neg x) [0])", "(neg (sum x [0]))"),
     ("sumk-neg", "(sumk (neg x) [1])", "(neg (sumk x [1]))"),
     (
@@ -124,6 +136,10 @@ const UNCHANGED: &[&str] = &[
     "(transpose (reshape x [3,4]) [1,0])",
     // This reshape moves elements to other rows: not a broadcast.
     "(broadcast (reshape x [3,4]) [2,3,4])",
+    // Summed over columns, or over the batch `bb` varies along: no
+    // factor of the product is summed alone.
+    "(sum_to (matmul ba bb) [2,5,1])",
+    "(sum_to (matmul ba bb) [1,1,4])",
 ];
 
 struct Outcome {
