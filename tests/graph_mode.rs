@@ -648,19 +648,15 @@ fn main() {
     assert_ne!(lines[0], lines[1], "{graph}");
 }
 
-/// Reverse mode's tape is made long enough from the start when the loop
-/// counts up to a bound known at the call (`for i in 0..n`, `n` computed
-/// at run time): the recording loop never grows it. A loop whose end
-/// depends on its data starts small and grows.
-#[test]
-fn a_counting_loop_sizes_its_tape_from_its_trip_count() {
-    const SRC: &str = "\
+/// Two loops for the tape-sizing tests: one counts to a bound computed at
+/// run time, the other's end depends on its data. `OUT` is what they return.
+const COUNTING_LOOPS: &str = "\
 fn counted(x, n) {
     let mut y = x;
     for i in 0..n {
         y = y * 0.9999 + sin(y) * 0.0001;
     }
-    y
+    OUT
 }
 fn open_ended(x, n) {
     let mut y = x;
@@ -669,16 +665,25 @@ fn open_ended(x, n) {
         y = y * 0.9999 + sin(y) * 0.0001;
         i = i + 1;
     }
-    y
+    OUT
 }
-fn main() {
+";
+
+/// Reverse mode's tape is made long enough from the start when the loop
+/// counts up to a bound known at the call (`for i in 0..n`, `n` computed
+/// at run time): the recording loop never grows it. A loop whose end
+/// depends on its data starts small and grows.
+#[test]
+fn a_counting_loop_sizes_its_tape_from_its_trip_count() {
+    let src = COUNTING_LOOPS.replace("OUT", "y")
+        + "fn main() {
     let n = 19000 + i64(sum(rand([2], seed = 1)) * 1000.0);
     print(grad(F)(0.3, n));
 }
 ";
     use adjoint_compiler::codegen::cpu::scalar::tape_growths;
     let growths = |f: &str| {
-        let src = SRC.replace("grad(F)", &format!("grad({f})"));
+        let src = src.replace("grad(F)", &format!("grad({f})"));
         let s = Session::new(Mode::Graph)
             .load_source("loop.adj", &src)
             .unwrap();
@@ -688,6 +693,32 @@ fn main() {
         let out = run(Mode::Graph, &src);
         assert_close(&out, &run(Mode::Eager, &src), 1e-10);
         tape_growths() - before
+    };
+    assert_eq!(growths("counted"), 0);
+    assert!(growths("open_ended") > 0);
+}
+
+/// The same for loops over tensors, whose tape the VM keeps: a counting
+/// loop starts on a tape with room for all its trips, so the first
+/// evaluation never grows it, and makes no closure.
+#[test]
+fn a_counting_tensor_loop_sizes_its_tape_from_its_trip_count() {
+    let src = COUNTING_LOOPS.replace("OUT", "sum(y)")
+        + "fn main() {
+    let n = 3000 + i64(sum(rand([2], seed = 1)) * 1000.0);
+    print(grad(F)(randn([8], seed = 2), n));
+}
+";
+    use adjoint_runtime::tape::tape_growths;
+    let growths = |f: &str| {
+        let src = src.replace("grad(F)", &format!("grad({f})"));
+        let before = tape_growths();
+        let (out, stats) = run_with_stats(Mode::Graph, &src);
+        let grew = tape_growths() - before;
+        assert_eq!(stats.closures_made, 0, "{f}");
+        let plain = |s: &str| s.replace(['[', ']', ','], " ");
+        assert_close(&plain(&out), &plain(&run(Mode::Eager, &src)), 1e-5);
+        grew
     };
     assert_eq!(growths("counted"), 0);
     assert!(growths("open_ended") > 0);

@@ -149,7 +149,7 @@ fn compile_graphs(
     let tapes = (lift
         && dynamic_ad_ops(m, &graphs).is_empty()
         && std::env::var_os("ADJOINT_NO_TAPE").is_none())
-    .then(|| Tapes::find(m, &bodies, &lifted, plan));
+    .then(|| Tapes::find(m, &fv, &bodies, &lifted, plan));
     let code_of: HashMap<GraphId, CodeId> = graphs
         .iter()
         .enumerate()
@@ -251,11 +251,129 @@ struct Tapes {
     first_calls: HashMap<NodeId, NodeId>,
     /// The `make_tuple` and `tuple_get` nodes those replace.
     skipped: HashSet<NodeId>,
+    /// Calls that start a counting loop on an empty stack: the tape they
+    /// start with has room for the loop's trips.
+    starts: HashMap<NodeId, Start>,
+}
+
+/// A call `J'(args.., ())` of a loop's entry that counts its parameter
+/// `param` up by one to `bound`: `tape_new` sizes the tape it starts.
+struct Start {
+    param: usize,
+    bound: NodeId,
+    records_per_trip: usize,
+    values_per_trip: usize,
+}
+
+/// Whether `g` is a graph reverse mode made to thread a stack (`J'`).
+fn threads_stack(m: &Module, g: GraphId) -> bool {
+    let graph = m.graph(g);
+    graph.name.starts_with("J.") && graph.param_names.last().is_some_and(|p| p == "stack")
 }
 
 impl Tapes {
+    /// The [`Start`] of a call of `g` with these arguments, if `g` is a
+    /// counting loop's entry whose pushes are all in `pushes`.
+    fn start(
+        m: &Module,
+        fv: &FreeVars,
+        pushes: &HashMap<NodeId, (GraphId, NodeId)>,
+        g: GraphId,
+    ) -> Option<Start> {
+        let graph = m.graph(g);
+        let switch = *m.inputs(graph.output?).first()?;
+        let (cond, _, _) = m.graph_switch(switch)?;
+        if m.node(switch).graph != Some(g) || m.applied_prim(cond) != Some(Prim::Lt) {
+            return None;
+        }
+        let (p, bound) = (m.inputs(cond)[1], m.inputs(cond)[2]);
+        let param = graph.params.iter().position(|q| *q == p)?;
+        let bound = match m.applied_prim(bound) {
+            Some(Prim::AdKey) => m.inputs(bound)[1],
+            _ => bound,
+        };
+        // The graphs one trip may run: those the entry's graphs name, that
+        // thread the stack too, or are nested in them.
+        let mut family = vec![g];
+        let mut seen: HashSet<GraphId> = [g].into_iter().collect();
+        let mut i = 0;
+        while i < family.len() {
+            for n in graph_body_with(m, family[i], fv) {
+                for &x in m.inputs(n) {
+                    if let Some(h) = m.as_graph(x) {
+                        let nested = fv.get(h).iter().any(|v| m.node(*v).graph == Some(g));
+                        if (threads_stack(m, h) || nested) && seen.insert(h) {
+                            family.push(h);
+                        }
+                    }
+                }
+            }
+            i += 1;
+        }
+        // Each call of the entry steps the counter by one.
+        let steps = |x: NodeId| {
+            m.applied_prim(x) == Some(Prim::Add) && {
+                let ins = m.inputs(x);
+                let one = |y: NodeId| m.as_const(y) == Some(&Const::Int(1));
+                (ins[1] == p && one(ins[2])) || (ins[2] == p && one(ins[1]))
+            }
+        };
+        let bodies: Vec<Vec<NodeId>> = family.iter().map(|h| graph_body_with(m, *h, fv)).collect();
+        let mut calls = 0;
+        for body in &bodies {
+            for &n in body {
+                let ins = m.inputs(n);
+                if m.as_graph(ins[0]) == Some(g) {
+                    if !steps(*ins.get(1 + param)?) {
+                        return None;
+                    }
+                    calls += 1;
+                }
+            }
+        }
+        // A trip runs graphs from which the entry is named again: count
+        // their pushes (the exit's record is the one more `tape_new` adds).
+        let names = |body: &[NodeId]| -> Vec<GraphId> {
+            body.iter()
+                .flat_map(|n| m.inputs(*n).iter().filter_map(|x| m.as_graph(*x)))
+                .collect()
+        };
+        let named: Vec<Vec<GraphId>> = bodies.iter().map(|b| names(b)).collect();
+        let mut cycle: HashSet<GraphId> = [g].into_iter().collect();
+        loop {
+            let before = cycle.len();
+            for (h, hs) in family.iter().zip(&named) {
+                if hs.iter().any(|x| cycle.contains(x)) {
+                    cycle.insert(*h);
+                }
+            }
+            if cycle.len() == before {
+                break;
+            }
+        }
+        let (mut records, mut values) = (0, 0);
+        for (h, body) in family.iter().zip(&bodies) {
+            if !cycle.contains(h) {
+                continue;
+            }
+            for n in body {
+                if let Some((b, _)) = pushes.get(n) {
+                    records += 1;
+                    values += fv.get(*b).len();
+                }
+            }
+        }
+        (calls > 0).then_some(Start {
+            param,
+            bound,
+            records_per_trip: records,
+            values_per_trip: values,
+        })
+    }
+
     fn find(
         m: &Module,
+        fv: &FreeVars,
         bodies: &[Vec<NodeId>],
         lifted: &Lifted,
         plan: Option<&crate::fuse::Plan>,
@@ -337,6 +455,20 @@ impl Tapes {
                         }
                     }
                     _ => {}
+                }
+            }
+        }
+        for body in bodies {
+            for &n in body {
+                let ins = m.inputs(n);
+                let Some(g) = ins.first().and_then(|c| m.as_graph(*c)) else {
+                    continue;
+                };
+                let empty = ins.last().and_then(|x| m.as_const(*x)) == Some(&Const::Unit);
+                if ins.len() > 1 && empty && threads_stack(m, g) && !in_group(n) {
+                    if let Some(start) = Tapes::start(m, fv, &t.pushes, g) {
+                        t.starts.insert(n, start);
+                    }
                 }
             }
         }
@@ -842,6 +974,30 @@ fn compile_graph(
                 let mut args = Vec::with_capacity(inputs.len() - 1);
                 for &i in &inputs[1..] {
                     args.push(b.operand(i, ex)?);
+                }
+                if let Some(start) = tapes.and_then(|t| t.starts.get(&n)) {
+                    // Start the loop on a tape with room for its trips.
+                    if let Ok(bound) = b.operand(start.bound, ex) {
+                        let per = |b: &mut CodeBuilder, k: usize| {
+                            b.constant(Value::Tensor(Tensor::weak_i64(k as i64)))
+                        };
+                        let tape_args = vec![
+                            args[start.param],
+                            bound,
+                            per(&mut b, start.records_per_trip),
+                            per(&mut b, start.values_per_trip),
+                        ];
+                        let tape = b.n_slots;
+                        b.n_slots += 1;
+                        b.instrs.push(Instr::Prim {
+                            dst: tape,
+                            name: "tape_new",
+                            kernel: adjoint_runtime::tape::tape_new,
+                            args: tape_args,
+                            loc,
+                        });
+                        *args.last_mut().expect("the stack") = Operand::Slot(tape);
+                    }
                 }
                 b.lifted_args(inputs[0], &mut args, ex)?;
                 if n == output {

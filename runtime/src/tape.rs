@@ -66,6 +66,47 @@ pub struct Tape {
 /// The most values a tape holds (its positions are `u32`).
 const MAX_VALUES: usize = u32::MAX as usize;
 
+/// The most records and values [`tape_new`] makes room for up front.
+const AHEAD_RECORDS: usize = 1 << 22;
+const AHEAD_VALUES: usize = 1 << 24;
+
+thread_local! {
+    static GROWTHS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many pushes on this thread so far found their tape full (and so
+/// moved it to a larger buffer).
+pub fn tape_growths() -> u64 {
+    GROWTHS.with(|g| g.get())
+}
+
+/// `tape_new(start, bound, records_per_trip, values_per_trip)`: an empty
+/// tape with room for a loop that counts from `start` up to `bound` and
+/// pushes at most that many records and values per trip, plus its exit's
+/// record (bounded by [`AHEAD_RECORDS`] and [`AHEAD_VALUES`]).
+pub fn tape_new(_: &mut dyn crate::kernels::Ctx, args: &[Value]) -> Result<Value, crate::RtError> {
+    use crate::kernels::args::{arity, int};
+    let op = "tape_new";
+    arity(op, args, 4)?;
+    let (start, bound) = (int(op, &args[0], "start")?, int(op, &args[1], "bound")?);
+    let per = |v: &Value, what| int(op, v, what).map(|n| n.max(0) as usize);
+    let (records, values) = (per(&args[2], "records")?, per(&args[3], "values")?);
+    let trips = usize::try_from(bound.saturating_sub(start).max(0)).unwrap_or(usize::MAX);
+    let records = trips
+        .saturating_mul(records)
+        .saturating_add(1)
+        .min(AHEAD_RECORDS);
+    let values = trips
+        .saturating_add(1)
+        .saturating_mul(values)
+        .min(AHEAD_VALUES);
+    Ok(Tape::from_parts(
+        Vec::with_capacity(records),
+        Vec::with_capacity(values),
+        None,
+    ))
+}
+
 impl Tape {
     fn lock(&self) -> MutexGuard<'_, Buf> {
         // A panic while the lock was held leaves the buffer consistent
@@ -99,6 +140,11 @@ impl Tape {
             Value::Tape(t) => {
                 let mut buf = t.lock();
                 if buf.records.len() == t.len && buf.values.len() + n <= MAX_VALUES {
+                    if buf.records.len() == buf.records.capacity()
+                        || buf.values.len() + n > buf.values.capacity()
+                    {
+                        GROWTHS.with(|g| g.set(g.get() + 1));
+                    }
                     let start = buf.values.len() as u32;
                     buf.records.push((code, start));
                     buf.values.extend(captures);
@@ -251,6 +297,26 @@ mod tests {
         }
         drop(s);
         assert_eq!(hint.get(), (100, 200));
+    }
+
+    #[test]
+    fn a_new_tape_has_room_for_its_trips() {
+        let mut cx = crate::kernels::testing::TestCtx::default();
+        let args = [int(3), int(103), int(2), int(5)];
+        let mut s = tape_new(&mut cx, &args).unwrap();
+        let hint = Arc::new(TapeHint::default());
+        let before = tape_growths();
+        for i in 0..201 {
+            let caps: Vec<Value> = (0..if i % 2 == 0 { 5 } else { 0 }).map(int).collect();
+            s = Tape::push(&s, CodeId(0), caps.into_iter(), &hint).unwrap();
+        }
+        assert_eq!(tape_growths(), before);
+        Tape::push(&s, CodeId(0), [int(1)].into_iter(), &hint).unwrap();
+        assert_eq!(tape_growths(), before + 1);
+        // A loop that does not run: room for its exit only.
+        let none = tape_new(&mut cx, &[int(5), int(2), int(2), int(5)]).unwrap();
+        let Value::Tape(t) = none else { panic!() };
+        assert!(t.is_empty());
     }
 
     #[test]
