@@ -667,6 +667,16 @@ fn open_ended(x, n) {
     }
     OUT
 }
+fn float_counter(x, n) {
+    let mut y = x;
+    let mut t = 0.5;
+    let m = f64(n);
+    while t < m {
+        y = y * 0.9999 + sin(y) * 0.0001;
+        t = t + 1;
+    }
+    OUT
+}
 ";
 
 /// Reverse mode's tape is made long enough from the start when the loop
@@ -722,6 +732,8 @@ fn a_counting_tensor_loop_sizes_its_tape_from_its_trip_count() {
     };
     assert_eq!(growths("counted"), 0);
     assert!(growths("open_ended") > 0);
+    // A float counter stepped by 1 is sized the same way.
+    assert_eq!(growths("float_counter"), 0);
 }
 
 /// Loops that divide integers (`/` rounds toward zero, `%` keeps the

@@ -310,15 +310,42 @@ impl Tapes {
             }
             i += 1;
         }
+        let bodies: Vec<Vec<NodeId>> = family.iter().map(|h| graph_body_with(m, *h, fv)).collect();
+        // The counter: `p`, and the parameters of the graphs the family
+        // calls that receive it (a `while` loop's body takes the loop's
+        // variables as arguments).
+        let mut counter: HashSet<NodeId> = [p].into_iter().collect();
+        loop {
+            let before = counter.len();
+            for &n in bodies.iter().flatten() {
+                let ins = m.inputs(n);
+                let callees = match m.graph_switch(ins[0]) {
+                    Some((_, a, b)) => vec![a, b],
+                    None => m.as_graph(ins[0]).into_iter().collect(),
+                };
+                for (j, x) in ins[1..].iter().enumerate() {
+                    if counter.contains(x) {
+                        for h in &callees {
+                            if let Some(q) = m.graph(*h).params.get(j) {
+                                counter.insert(*q);
+                            }
+                        }
+                    }
+                }
+            }
+            if counter.len() == before {
+                break;
+            }
+        }
         // Each call of the entry steps the counter by one.
         let steps = |x: NodeId| {
             m.applied_prim(x) == Some(Prim::Add) && {
                 let ins = m.inputs(x);
                 let one = |y: NodeId| m.as_const(y) == Some(&Const::Int(1));
-                (ins[1] == p && one(ins[2])) || (ins[2] == p && one(ins[1]))
+                (counter.contains(&ins[1]) && one(ins[2]))
+                    || (counter.contains(&ins[2]) && one(ins[1]))
             }
         };
-        let bodies: Vec<Vec<NodeId>> = family.iter().map(|h| graph_body_with(m, *h, fv)).collect();
         let mut calls = 0;
         for body in &bodies {
             for &n in body {

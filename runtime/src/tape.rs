@@ -81,17 +81,24 @@ pub fn tape_growths() -> u64 {
 }
 
 /// `tape_new(start, bound, records_per_trip, values_per_trip)`: an empty
-/// tape with room for a loop that counts from `start` up to `bound` and
+/// tape with room for a loop that counts from `start` up to `bound` (by
+/// one; numbers of any dtype, or no room when they are not numbers) and
 /// pushes at most that many records and values per trip, plus its exit's
 /// record (bounded by [`AHEAD_RECORDS`] and [`AHEAD_VALUES`]).
 pub fn tape_new(_: &mut dyn crate::kernels::Ctx, args: &[Value]) -> Result<Value, crate::RtError> {
     use crate::kernels::args::{arity, int};
     let op = "tape_new";
     arity(op, args, 4)?;
-    let (start, bound) = (int(op, &args[0], "start")?, int(op, &args[1], "bound")?);
+    // The counter may be a float stepped by 1 (`t = t + 1`): any numbers
+    // give a size, anything else none.
+    let num = |v: &Value| v.to_f64().filter(|x| x.is_finite());
+    let trips = match (num(&args[0]), num(&args[1])) {
+        // `as` saturates.
+        (Some(start), Some(bound)) if bound > start => (bound - start).ceil() as usize,
+        _ => 0,
+    };
     let per = |v: &Value, what| int(op, v, what).map(|n| n.max(0) as usize);
     let (records, values) = (per(&args[2], "records")?, per(&args[3], "values")?);
-    let trips = usize::try_from(bound.saturating_sub(start).max(0)).unwrap_or(usize::MAX);
     let records = trips
         .saturating_mul(records)
         .saturating_add(1)
@@ -317,6 +324,11 @@ mod tests {
         let none = tape_new(&mut cx, &[int(5), int(2), int(2), int(5)]).unwrap();
         let Value::Tape(t) = none else { panic!() };
         assert!(t.is_empty());
+        // A float counter, and a bound that is not a number.
+        let f = |x: f64| Value::Tensor(Tensor::scalar(x));
+        assert!(tape_new(&mut cx, &[f(0.5), f(10.0), int(1), int(1)]).is_ok());
+        assert!(tape_new(&mut cx, &[f(0.5), Value::unit(), int(1), int(1)]).is_ok());
+        assert!(tape_new(&mut cx, &[f(0.0), f(f64::INFINITY), int(1), int(1)]).is_ok());
     }
 
     #[test]
