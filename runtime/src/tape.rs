@@ -331,6 +331,54 @@ mod tests {
         assert!(tape_new(&mut cx, &[f(0.0), f(f64::INFINITY), int(1), int(1)]).is_ok());
     }
 
+    /// Random pushes onto, and pops of, any stack made so far agree with
+    /// a model that copies every list: no tape sees another's pushes.
+    #[test]
+    fn random_pushes_and_pops_match_a_copying_model() {
+        let hint = Arc::new(TapeHint::default());
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        // Each stack as a tape value and as the model's list of records
+        // (code, values), oldest first.
+        let mut stacks: Vec<(Value, Vec<(u32, Vec<i64>)>)> = vec![(Value::unit(), Vec::new())];
+        for step in 0..4000 {
+            let (v, model) = stacks[next(stacks.len())].clone();
+            if next(3) == 0 {
+                // Pop (the rest of an empty stack is itself).
+                let Value::Tape(t) = &v else { continue };
+                let mut rest = model.clone();
+                rest.pop();
+                stacks.push((Value::Tape(t.rest()), rest));
+            } else {
+                let vals: Vec<i64> = (0..next(4)).map(|k| (step * 10 + k) as i64).collect();
+                let code = next(5) as u32;
+                let pushed = Tape::push(&v, CodeId(code), vals.iter().map(|x| int(*x)), &hint)
+                    .expect("a tape or unit");
+                let mut m = model.clone();
+                m.push((code, vals));
+                stacks.push((pushed, m));
+            }
+            if stacks.len() > 64 {
+                stacks.remove(next(stacks.len()));
+            }
+        }
+        for (v, model) in &stacks {
+            let mut v = v.clone();
+            for want in model.iter().rev() {
+                assert_eq!(&top(&v), want);
+                v = rest(&v);
+            }
+            if let Value::Tape(t) = &v {
+                assert!(t.is_empty());
+            }
+        }
+    }
+
     #[test]
     fn only_tapes_and_unit_take_pushes() {
         let hint = Arc::new(TapeHint::default());
