@@ -345,7 +345,8 @@ mod tests {
         };
         // Each stack as a tape value and as the model's list of records
         // (code, values), oldest first.
-        let mut stacks: Vec<(Value, Vec<(u32, Vec<i64>)>)> = vec![(Value::unit(), Vec::new())];
+        type Model = Vec<(u32, Vec<i64>)>;
+        let mut stacks: Vec<(Value, Model)> = vec![(Value::unit(), Vec::new())];
         for step in 0..4000 {
             let (v, model) = stacks[next(stacks.len())].clone();
             if next(3) == 0 {
