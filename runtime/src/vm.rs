@@ -384,8 +384,10 @@ impl<'a> Vm<'a> {
         ret_dst: Option<u32>,
         loc: Option<LocIndex>,
     ) -> Result<(), VmError> {
-        let slots = self.spare_slots.pop().unwrap_or_default();
-        let frame = self.make_frame(f, args, ret_dst, loc, slots)?;
+        let mut slots = self.spare_slots.pop().unwrap_or_default();
+        slots.clear();
+        slots.extend(args.into_iter().map(Some));
+        let frame = self.make_frame(f, ret_dst, loc, slots)?;
         if self.frames.len() >= self.limits.max_depth {
             return Err(VmError {
                 message: format!(
@@ -400,12 +402,11 @@ impl<'a> Vm<'a> {
         Ok(())
     }
 
-    /// A frame for calling `f`, its slots in `slots` (an empty buffer,
-    /// perhaps with capacity).
+    /// A frame for calling `f`, its slots in `slots`, which holds the
+    /// arguments (and may have capacity for more).
     fn make_frame(
         &self,
         f: &Value,
-        args: Vec<Value>,
         ret_dst: Option<u32>,
         loc: Option<LocIndex>,
         slots: Vec<Option<Value>>,
@@ -417,39 +418,37 @@ impl<'a> Vm<'a> {
                 trace: Vec::new(),
             });
         };
-        self.frame_of(closure.code, &closure.captures, args, ret_dst, loc, slots)
+        self.frame_of(closure.code, &closure.captures, ret_dst, loc, slots)
     }
 
-    /// A frame for calling `code` with these captures.
+    /// A frame for calling `code` with these captures; `slots` holds the
+    /// arguments.
     fn frame_of(
         &self,
         code_id: CodeId,
         captures: &[Value],
-        mut args: Vec<Value>,
         ret_dst: Option<u32>,
         loc: Option<LocIndex>,
         mut slots: Vec<Option<Value>>,
     ) -> Result<Frame, VmError> {
         let code = self.program.code_any(code_id)?;
-        if code.extra_args && args.len() > code.n_params as usize {
-            args.truncate(code.n_params as usize);
+        if code.extra_args && slots.len() > code.n_params as usize {
+            slots.truncate(code.n_params as usize);
         }
-        if args.len() != code.n_params as usize {
+        if slots.len() != code.n_params as usize {
             return Err(VmError {
                 message: format!(
                     "function `{}` expects {} argument{}, got {}",
                     display_name(&code.name),
                     code.n_params,
                     if code.n_params == 1 { "" } else { "s" },
-                    args.len()
+                    slots.len()
                 ),
                 loc,
                 trace: Vec::new(),
             });
         }
-        slots.clear();
-        slots.reserve(code.n_slots as usize);
-        slots.extend(args.into_iter().map(Some));
+        slots.reserve(code.n_slots as usize - slots.len());
         slots.extend(captures.iter().cloned().map(Some));
         slots.resize(code.n_slots as usize, None);
         Ok(Frame {
@@ -598,11 +597,14 @@ impl<'a> Vm<'a> {
                     loc,
                 } => {
                     let f = read(frame, code, *callee);
-                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
+                    let mut slots = self.spare_slots.pop().unwrap_or_default();
+                    slots.clear();
+                    slots.extend(args.iter().map(|a| Some(read(frame, code, *a))));
                     let (dst, loc) = (*dst, *loc);
                     interrupted(loc)?;
                     self.check_depth(depth, loc)?;
-                    self.push_frame(&f, values, Some(dst), Some(loc))?;
+                    let new = self.make_frame(&f, Some(dst), Some(loc), slots)?;
+                    self.frames.push(new);
                 }
                 Instr::TapePush {
                     dst,
@@ -630,18 +632,16 @@ impl<'a> Vm<'a> {
                 }
                 Instr::CallFirst { dst, of, args, loc } => {
                     let s = read(frame, code, *of);
-                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
+                    let mut slots = self.spare_slots.pop().unwrap_or_default();
+                    slots.clear();
+                    slots.extend(args.iter().map(|a| Some(read(frame, code, *a))));
                     let (dst, loc) = (*dst, *loc);
                     interrupted(loc)?;
                     self.check_depth(depth, loc)?;
                     let new = match &s {
-                        Value::Tape(t) if !t.is_empty() => {
-                            let slots = self.spare_slots.pop().unwrap_or_default();
-                            t.with_top(|c, caps| {
-                                self.frame_of(c, caps, values, Some(dst), Some(loc), slots)
-                            })
-                            .expect("the tape is not empty")?
-                        }
+                        Value::Tape(t) if !t.is_empty() => t
+                            .with_top(|c, caps| self.frame_of(c, caps, Some(dst), Some(loc), slots))
+                            .expect("the tape is not empty")?,
                         _ => {
                             let zero = Value::Tensor(crate::tensor::Tensor::weak_i64(0));
                             let first = crate::kernels::structural::tuple_get(self, &[s, zero])
@@ -650,8 +650,7 @@ impl<'a> Vm<'a> {
                                     loc: Some(loc),
                                     trace: Vec::new(),
                                 })?;
-                            let slots = self.spare_slots.pop().unwrap_or_default();
-                            self.make_frame(&first, values, Some(dst), Some(loc), slots)?
+                            self.make_frame(&first, Some(dst), Some(loc), slots)?
                         }
                     };
                     self.frames.push(new);
@@ -659,14 +658,19 @@ impl<'a> Vm<'a> {
                 Instr::TailCall { callee, args, loc } => {
                     interrupted(*loc)?;
                     let f = read(frame, code, *callee);
-                    let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
-                    let ret_dst = frame.ret_dst;
-                    // The caller's slots are done with: the callee's frame
-                    // reuses the buffer.
-                    let mut slots = std::mem::take(&mut frame.slots);
+                    let mut slots = self.spare_slots.pop().unwrap_or_default();
                     slots.clear();
-                    let new = self.make_frame(&f, values, ret_dst, Some(*loc), slots)?;
+                    slots.extend(args.iter().map(|a| Some(read(frame, code, *a))));
+                    let ret_dst = frame.ret_dst;
+                    // The caller's slots are done with: its buffer goes to
+                    // the spares.
+                    let mut old = std::mem::take(&mut frame.slots);
+                    let new = self.make_frame(&f, ret_dst, Some(*loc), slots)?;
                     *self.frames.last_mut().expect("frame") = new;
+                    old.clear();
+                    if self.spare_slots.len() < SPARE_SLOTS {
+                        self.spare_slots.push(old);
+                    }
                 }
             }
         }
