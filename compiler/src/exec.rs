@@ -28,6 +28,7 @@ use adjoint_runtime::value::{Closure, CodeId, Value};
 use adjoint_runtime::vm::{Code, Instr, LocIndex, Operand, Program};
 
 use crate::fuse::order::Unit;
+use crate::fuse::{loop_test, steps_by_one, threads_stack};
 use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
 use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
 use crate::prim::Prim;
@@ -265,12 +266,6 @@ struct Start {
     values_per_trip: usize,
 }
 
-/// Whether `g` is a graph reverse mode made to thread a stack (`J'`).
-fn threads_stack(m: &Module, g: GraphId) -> bool {
-    let graph = m.graph(g);
-    graph.name.starts_with("J.") && graph.param_names.last().is_some_and(|p| p == "stack")
-}
-
 impl Tapes {
     /// The [`Start`] of a call of `g` with these arguments, if `g` is a
     /// counting loop's entry whose pushes are all in `pushes`.
@@ -280,25 +275,15 @@ impl Tapes {
         pushes: &HashMap<NodeId, (GraphId, NodeId)>,
         g: GraphId,
     ) -> Option<Start> {
-        let graph = m.graph(g);
-        let switch = *m.inputs(graph.output?).first()?;
-        let (cond, _, _) = m.graph_switch(switch)?;
-        if m.node(switch).graph != Some(g) || m.applied_prim(cond) != Some(Prim::Lt) {
-            return None;
-        }
-        let (p, bound) = (m.inputs(cond)[1], m.inputs(cond)[2]);
-        let param = graph.params.iter().position(|q| *q == p)?;
-        let bound = match m.applied_prim(bound) {
-            Some(Prim::AdKey) => m.inputs(bound)[1],
-            _ => bound,
-        };
+        let (param, p, bound) = loop_test(m, g)?;
         // The graphs one trip may run: those the entry's graphs name, that
-        // thread the stack too, or are nested in them.
+        // thread the stack too, or are nested in them; and their bodies.
         let mut family = vec![g];
+        let mut bodies: Vec<Vec<NodeId>> = Vec::new();
         let mut seen: HashSet<GraphId> = [g].into_iter().collect();
-        let mut i = 0;
-        while i < family.len() {
-            for n in graph_body_with(m, family[i], fv) {
+        while bodies.len() < family.len() {
+            let body = graph_body_with(m, family[bodies.len()], fv);
+            for &n in &body {
                 for &x in m.inputs(n) {
                     if let Some(h) = m.as_graph(x) {
                         let nested = fv.get(h).iter().any(|v| m.node(*v).graph == Some(g));
@@ -308,9 +293,8 @@ impl Tapes {
                     }
                 }
             }
-            i += 1;
+            bodies.push(body);
         }
-        let bodies: Vec<Vec<NodeId>> = family.iter().map(|h| graph_body_with(m, *h, fv)).collect();
         // The counter: `p`, and the parameters of the graphs the family
         // calls that receive it (a `while` loop's body takes the loop's
         // variables as arguments).
@@ -338,14 +322,7 @@ impl Tapes {
             }
         }
         // Each call of the entry steps the counter by one.
-        let steps = |x: NodeId| {
-            m.applied_prim(x) == Some(Prim::Add) && {
-                let ins = m.inputs(x);
-                let one = |y: NodeId| m.as_const(y) == Some(&Const::Int(1));
-                (counter.contains(&ins[1]) && one(ins[2]))
-                    || (counter.contains(&ins[2]) && one(ins[1]))
-            }
-        };
+        let steps = |x: NodeId| steps_by_one(m, x, |c| counter.contains(&c));
         let mut calls = 0;
         for body in &bodies {
             for &n in body {

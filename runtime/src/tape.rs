@@ -47,6 +47,15 @@ struct Buf {
     hint: Option<Arc<TapeHint>>,
 }
 
+impl Buf {
+    /// Where the values of the records after the first `len` start.
+    fn values_end(&self, len: usize) -> usize {
+        self.records
+            .get(len)
+            .map_or(self.values.len(), |r| r.1 as usize)
+    }
+}
+
 impl Drop for Buf {
     fn drop(&mut self) {
         if let Some(h) = &self.hint {
@@ -130,6 +139,16 @@ impl Tape {
         self.len == 0
     }
 
+    /// The length of the tuple the tape reads as: `(top, rest)`, or `()`
+    /// when empty.
+    pub fn list_len(&self) -> usize {
+        if self.is_empty() {
+            0
+        } else {
+            2
+        }
+    }
+
     /// `stack` with the function `code` of `captures` pushed on top, where
     /// `stack` is a tape or `()` (an empty stack: a new tape, sized by
     /// `hint`). `None` for any other `stack` (a list of tuples made by
@@ -162,10 +181,7 @@ impl Tape {
                     }));
                 }
                 // Another push went on from this tape: copy what it has.
-                let end = buf
-                    .records
-                    .get(t.len)
-                    .map_or(buf.values.len(), |r| r.1 as usize);
+                let end = buf.values_end(t.len);
                 if end + n > MAX_VALUES {
                     return None;
                 }
@@ -221,10 +237,7 @@ impl Tape {
         }
         let buf = self.lock();
         let (code, start) = buf.records[self.len - 1];
-        let end = buf
-            .records
-            .get(self.len)
-            .map_or(buf.values.len(), |r| r.1 as usize);
+        let end = buf.values_end(self.len);
         Some(f(code, &buf.values[start as usize..end]))
     }
 

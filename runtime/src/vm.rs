@@ -388,16 +388,7 @@ impl<'a> Vm<'a> {
         slots.clear();
         slots.extend(args.into_iter().map(Some));
         let frame = self.make_frame(f, ret_dst, loc, slots)?;
-        if self.frames.len() >= self.limits.max_depth {
-            return Err(VmError {
-                message: format!(
-                    "recursion too deep: more than {} nested calls",
-                    self.limits.max_depth
-                ),
-                loc,
-                trace: Vec::new(),
-            });
-        }
+        self.check_depth(self.frames.len(), loc)?;
         self.frames.push(frame);
         Ok(())
     }
@@ -461,14 +452,14 @@ impl<'a> Vm<'a> {
     }
 
     /// An error when `depth` frames are as many as the limits allow.
-    fn check_depth(&self, depth: usize, loc: LocIndex) -> Result<(), VmError> {
+    fn check_depth(&self, depth: usize, loc: Option<LocIndex>) -> Result<(), VmError> {
         if depth >= self.limits.max_depth {
             return Err(VmError {
                 message: format!(
                     "recursion too deep: more than {} nested calls",
                     self.limits.max_depth
                 ),
-                loc: Some(loc),
+                loc,
                 trace: Vec::new(),
             });
         }
@@ -485,11 +476,8 @@ impl<'a> Vm<'a> {
             if frame.pc == code.instrs.len() {
                 let value = read(frame, code, code.ret);
                 let ret_dst = frame.ret_dst;
-                if let Some(mut done) = self.frames.pop() {
-                    if self.spare_slots.len() < SPARE_SLOTS {
-                        done.slots.clear();
-                        self.spare_slots.push(done.slots);
-                    }
+                if let Some(done) = self.frames.pop() {
+                    recycle(&mut self.spare_slots, done.slots);
                 }
                 if self.frames.len() == base {
                     return Ok(value);
@@ -597,12 +585,10 @@ impl<'a> Vm<'a> {
                     loc,
                 } => {
                     let f = read(frame, code, *callee);
-                    let mut slots = self.spare_slots.pop().unwrap_or_default();
-                    slots.clear();
-                    slots.extend(args.iter().map(|a| Some(read(frame, code, *a))));
+                    let slots = arg_slots(&mut self.spare_slots, frame, code, args);
                     let (dst, loc) = (*dst, *loc);
                     interrupted(loc)?;
-                    self.check_depth(depth, loc)?;
+                    self.check_depth(depth, Some(loc))?;
                     let new = self.make_frame(&f, Some(dst), Some(loc), slots)?;
                     self.frames.push(new);
                 }
@@ -632,12 +618,10 @@ impl<'a> Vm<'a> {
                 }
                 Instr::CallFirst { dst, of, args, loc } => {
                     let s = read(frame, code, *of);
-                    let mut slots = self.spare_slots.pop().unwrap_or_default();
-                    slots.clear();
-                    slots.extend(args.iter().map(|a| Some(read(frame, code, *a))));
+                    let slots = arg_slots(&mut self.spare_slots, frame, code, args);
                     let (dst, loc) = (*dst, *loc);
                     interrupted(loc)?;
-                    self.check_depth(depth, loc)?;
+                    self.check_depth(depth, Some(loc))?;
                     let new = match &s {
                         Value::Tape(t) if !t.is_empty() => t
                             .with_top(|c, caps| self.frame_of(c, caps, Some(dst), Some(loc), slots))
@@ -658,22 +642,39 @@ impl<'a> Vm<'a> {
                 Instr::TailCall { callee, args, loc } => {
                     interrupted(*loc)?;
                     let f = read(frame, code, *callee);
-                    let mut slots = self.spare_slots.pop().unwrap_or_default();
-                    slots.clear();
-                    slots.extend(args.iter().map(|a| Some(read(frame, code, *a))));
+                    let slots = arg_slots(&mut self.spare_slots, frame, code, args);
                     let ret_dst = frame.ret_dst;
                     // The caller's slots are done with: its buffer goes to
                     // the spares.
-                    let mut old = std::mem::take(&mut frame.slots);
+                    let old = std::mem::take(&mut frame.slots);
                     let new = self.make_frame(&f, ret_dst, Some(*loc), slots)?;
                     *self.frames.last_mut().expect("frame") = new;
-                    old.clear();
-                    if self.spare_slots.len() < SPARE_SLOTS {
-                        self.spare_slots.push(old);
-                    }
+                    recycle(&mut self.spare_slots, old);
                 }
             }
         }
+    }
+}
+
+/// A slot buffer for a call's frame, from the spares, holding the call's
+/// arguments read from `frame`.
+fn arg_slots(
+    spare: &mut Vec<Vec<Option<Value>>>,
+    frame: &mut Frame,
+    code: &Code,
+    args: &[Operand],
+) -> Vec<Option<Value>> {
+    let mut slots = spare.pop().unwrap_or_default();
+    slots.clear();
+    slots.extend(args.iter().map(|a| Some(read(frame, code, *a))));
+    slots
+}
+
+/// Keeps a finished frame's slot buffer for a later call (emptied).
+fn recycle(spare: &mut Vec<Vec<Option<Value>>>, mut slots: Vec<Option<Value>>) {
+    if spare.len() < SPARE_SLOTS {
+        slots.clear();
+        spare.push(slots);
     }
 }
 

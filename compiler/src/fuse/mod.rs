@@ -34,6 +34,7 @@ pub mod form;
 pub mod matmul;
 pub mod order;
 mod reverse;
+pub(crate) use reverse::{loop_test, steps_by_one, threads_stack};
 pub mod scalar;
 
 use std::collections::{HashMap, HashSet};

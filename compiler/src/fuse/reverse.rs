@@ -42,9 +42,8 @@ use crate::prim::Prim;
 fn find_stacks(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> Stacks {
     let mut st = Stacks::default();
     for &g in graphs {
-        let graph = m.graph(g);
-        if graph.name.starts_with("J.") && graph.param_names.last().is_some_and(|p| p == "stack") {
-            let p = *graph.params.last().expect("a named parameter");
+        if threads_stack(m, g) {
+            let p = *m.graph(g).params.last().expect("a named parameter");
             st.param.insert(g, p);
             st.nodes.insert(p);
         }
@@ -420,6 +419,40 @@ impl Count {
     }
 }
 
+/// Whether `g` is a graph reverse mode made to thread a stack of
+/// backpropagators: `J'(f)`, whose last parameter is the stack.
+pub(crate) fn threads_stack(m: &Module, g: GraphId) -> bool {
+    let graph = m.graph(g);
+    graph.name.starts_with("J.") && graph.param_names.last().is_some_and(|p| p == "stack")
+}
+
+/// The test of a loop entry `g` that chooses its body with `lt(p, bound)`,
+/// `p` one of its parameters: `p`'s position, `p`, and the bound (without
+/// its `ad_key` mark).
+pub(crate) fn loop_test(m: &Module, g: GraphId) -> Option<(usize, NodeId, NodeId)> {
+    let graph = m.graph(g);
+    let switch = *m.inputs(graph.output?).first()?;
+    let (cond, _, _) = m.graph_switch(switch)?;
+    if m.node(switch).graph != Some(g) || m.applied_prim(cond) != Some(Prim::Lt) {
+        return None;
+    }
+    let (p, mut bound) = (m.inputs(cond)[1], m.inputs(cond)[2]);
+    let param = graph.params.iter().position(|q| *q == p)?;
+    if m.applied_prim(bound) == Some(Prim::AdKey) {
+        bound = m.inputs(bound)[1];
+    }
+    Some((param, p, bound))
+}
+
+/// Whether `x` is `c + 1` or `1 + c` for a `c` that `counter` accepts.
+pub(crate) fn steps_by_one(m: &Module, x: NodeId, counter: impl Fn(NodeId) -> bool) -> bool {
+    m.applied_prim(x) == Some(Prim::Add) && {
+        let ins = m.inputs(x);
+        let one = |y: NodeId| m.as_const(y) == Some(&Const::Int(1));
+        (counter(ins[1]) && one(ins[2])) || (counter(ins[2]) && one(ins[1]))
+    }
+}
+
 /// The [`Count`] of loop entry `g`, if it has one. `members` is its
 /// region, `forward` the region's recording program (a function that
 /// marks the tape and calls the entry, then the members' functions in
@@ -434,33 +467,17 @@ fn counting(
     n_args: usize,
 ) -> Option<Count> {
     let m = cx.m;
-    let graph = m.graph(g);
-    let switch = *m.inputs(graph.output?).first()?;
-    let (cond, _, _) = m.graph_switch(switch)?;
-    if m.node(switch).graph != Some(g)
-        || m.applied_prim(cond) != Some(Prim::Lt)
-        || forward.funcs.len() != members.len() + 1
-    {
+    if forward.funcs.len() != members.len() + 1 {
         return None;
     }
-    let (a, mut b) = (m.inputs(cond)[1], m.inputs(cond)[2]);
-    let param = graph.params.iter().position(|p| *p == a)?;
-    if m.applied_prim(b) == Some(Prim::AdKey) {
-        b = m.inputs(b)[1];
-    }
+    let (param, a, b) = loop_test(m, g)?;
     let bound = match m.as_const(b) {
         Some(Const::Int(v)) => Bound::Const(*v),
         Some(_) => return None,
         None => Bound::Input(n_args + cx.fv.get(g).iter().position(|v| *v == b)?),
     };
     // Every call of the entry in the loop steps the counter by one.
-    let steps = |x: NodeId| {
-        m.applied_prim(x) == Some(Prim::Add) && {
-            let ins = m.inputs(x);
-            let one = |y: NodeId| m.as_const(y) == Some(&Const::Int(1));
-            (ins[1] == a && one(ins[2])) || (ins[2] == a && one(ins[1]))
-        }
-    };
+    let steps = |x: NodeId| steps_by_one(m, x, |c| c == a);
     let mut calls = 0;
     for &h in members {
         for n in cx.body(h) {

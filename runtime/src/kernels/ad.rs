@@ -563,17 +563,11 @@ pub fn tuple_grad(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "tuple_grad";
     arity(op, args, 3)?;
     // A tape stands for the list `(top, rest)` (or `()` when empty).
-    let n_tape = match &args[0] {
-        Value::Tape(t) if t.is_empty() => Some(0),
-        Value::Tape(_) => Some(2),
-        _ => None,
-    };
-    let items = match n_tape {
-        Some(_) => &[][..],
-        None => super::args::tuple(op, &args[0], "t")?,
-    };
+    let n = match &args[0] {
+        Value::Tape(t) => t.list_len(),
+        other => super::args::tuple(op, other, "t")?.len(),
+    } as i64;
     let i = int(op, &args[1], "the index")?;
-    let n = n_tape.unwrap_or(items.len()) as i64;
     let j = if i < 0 { i + n } else { i };
     if !(0..n).contains(&j) {
         return err(format!(

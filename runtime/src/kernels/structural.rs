@@ -24,7 +24,7 @@ pub fn tuple_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     if let Value::Tape(t) = &args[0] {
         // The list `(top, rest)` the tape stands for.
         let i = int(op, &args[1], "the index")?;
-        let n = if t.is_empty() { 0 } else { 2 };
+        let n = t.list_len();
         return match (i, t.top()) {
             (0 | -2, Some(top)) => Ok(top),
             (1 | -1, Some(_)) => Ok(Value::Tape(t.rest())),
@@ -51,12 +51,11 @@ pub fn tuple_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 pub fn tuple_len(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "tuple_len";
     arity(op, args, 1)?;
-    if let Value::Tape(t) = &args[0] {
-        let n = if t.is_empty() { 0 } else { 2 };
-        return Ok(Value::Tensor(Tensor::weak_i64(n)));
-    }
-    let items = super::args::tuple(op, &args[0], "t")?;
-    Ok(Value::Tensor(Tensor::weak_i64(items.len() as i64)))
+    let n = match &args[0] {
+        Value::Tape(t) => t.list_len(),
+        other => super::args::tuple(op, other, "t")?.len(),
+    };
+    Ok(Value::Tensor(Tensor::weak_i64(n as i64)))
 }
 
 /// `make_record(name0, v0, name1, v1, ..)`: `{name0: v0, name1: v1, ..}`,
