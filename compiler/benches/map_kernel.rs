@@ -1,6 +1,7 @@
 //! The fused map kernel `y = tanh(2x + 1) * sigmoid(x) - x / 3` on 16M
-//! f32 elements: the Cranelift kernel on 1 and 2 threads against plain Rust
-//! loops. Prints the median of several runs as a table.
+//! f32 elements: the Cranelift kernel on 1 and 2 threads, with and without
+//! the 256-bit routines, against plain Rust loops, and the kernel's parts
+//! alone. Prints the median of several runs as a table.
 //!
 //! Run with `cargo bench -p adjoint-compiler --bench map_kernel`
 //! (`-- N` sets the element count, default 16M).
@@ -8,32 +9,41 @@
 use std::time::{Duration, Instant};
 
 use adjoint_compiler::codegen::cpu::{compile, compile_with, CompileOptions, CompiledKernel};
-use adjoint_compiler::codegen::kernel::{
-    BinaryOp, BodyBuilder, InputSpec, KDType, KernelSpec, UnaryOp,
-};
+use adjoint_compiler::codegen::kernel::{BinaryOp, BodyBuilder, KDType, KId, KernelSpec, UnaryOp};
 use rayon::prelude::*;
 
 fn spec(n: usize) -> KernelSpec {
-    let mut b = BodyBuilder::new();
-    let x = b.input(0);
-    let two = b.constant(2.0);
-    let one = b.constant(1.0);
-    let three = b.constant(3.0);
-    let t = b.binary(BinaryOp::Mul, two, x);
-    let t = b.binary(BinaryOp::Add, t, one);
-    let t = b.unary(UnaryOp::Tanh, t);
-    let s = b.unary(UnaryOp::Sigmoid, x);
-    let p = b.binary(BinaryOp::Mul, t, s);
-    let q = b.binary(BinaryOp::Div, x, three);
-    let y = b.binary(BinaryOp::Sub, p, q);
-    KernelSpec {
-        dtype: KDType::F32,
-        shape: vec![n],
-        inputs: vec![InputSpec::contiguous(&[n])],
-        body: b.body,
-        outputs: vec![y],
-        reduce: None,
-    }
+    KernelSpec::tanh_sigmoid_map(KDType::F32, n)
+}
+
+/// Parts of the kernel, each alone.
+fn parts(n: usize) -> Vec<(&'static str, KernelSpec)> {
+    let one = |f: &dyn Fn(&mut BodyBuilder, KId) -> KId| {
+        let mut b = BodyBuilder::new();
+        let x = b.input(0);
+        let y = f(&mut b, x);
+        KernelSpec::map_1d(KDType::F32, n, b.body, vec![y])
+    };
+    vec![
+        ("tanh(x)", one(&|b, x| b.unary(UnaryOp::Tanh, x))),
+        ("sigmoid(x)", one(&|b, x| b.unary(UnaryOp::Sigmoid, x))),
+        (
+            "x / 3",
+            one(&|b, x| {
+                let c = b.constant(3.0);
+                b.binary(BinaryOp::Div, x, c)
+            }),
+        ),
+        (
+            "2x + 1",
+            one(&|b, x| {
+                let two = b.constant(2.0);
+                let one = b.constant(1.0);
+                let t = b.binary(BinaryOp::Mul, two, x);
+                b.binary(BinaryOp::Add, t, one)
+            }),
+        ),
+    ]
 }
 
 fn sigmoid(x: f32) -> f32 {
@@ -114,26 +124,32 @@ fn main() {
         ),
     ));
     let p1 = pool(1);
-    rows.push((
-        "Cranelift kernel, 1 thread".into(),
-        time(
-            || p1.install(|| kernel.run(&[&x[..]], &mut [&mut y[..]]).unwrap()),
-            reps,
-        ),
-    ));
-    for unroll in [2, 4] {
-        let k = compile_with(
-            &spec,
-            &CompileOptions {
-                unroll: Some(unroll),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let narrow = compile_with(
+        &spec,
+        &CompileOptions {
+            avx2: Some(false),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut y2 = vec![0.0f32; n];
+    for (label, k, pool) in [
+        ("", &kernel, &p1),
+        (", 128-bit only", &narrow, &p1),
+        ("", &kernel, &p2),
+        (", 128-bit only", &narrow, &p2),
+    ] {
+        let threads = pool.current_num_threads();
+        let name = if k.uses_avx2() {
+            format!("Cranelift kernel with 256-bit routines{label}, {threads} thread(s)")
+        } else {
+            format!("Cranelift kernel{label}, {threads} thread(s)")
+        };
+        let out = if k.uses_avx2() { &mut y } else { &mut y2 };
         rows.push((
-            format!("Cranelift kernel, unroll {unroll}, 1 thread"),
+            name,
             time(
-                || p1.install(|| k.run(&[&x[..]], &mut [&mut y[..]]).unwrap()),
+                || pool.install(|| k.run(&[&x[..]], &mut [&mut out[..]]).unwrap()),
                 reps,
             ),
         ));
@@ -143,13 +159,18 @@ fn main() {
         .zip(&want)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    rows.push((
-        "Cranelift kernel, 2 threads".into(),
-        time(
-            || p2.install(|| kernel.run(&[&x[..]], &mut [&mut y[..]]).unwrap()),
-            reps,
-        ),
-    ));
+    let same_bits = y.iter().zip(&y2).all(|(a, b)| a.to_bits() == b.to_bits());
+    // The kernel's parts alone, on one thread.
+    for (what, part) in parts(n) {
+        let k = compile(&part).unwrap();
+        rows.push((
+            format!("part: {what}, 1 thread"),
+            time(
+                || p1.install(|| k.run(&[&x[..]], &mut [&mut y2[..]]).unwrap()),
+                reps,
+            ),
+        ));
+    }
 
     let bytes = (2 * n * 4) as f64;
     println!();
@@ -167,4 +188,5 @@ fn main() {
     }
     println!();
     println!("max |kernel - plain loop| = {max_err:e}");
+    println!("256-bit routines and 128-bit code give the same bits: {same_bits}");
 }

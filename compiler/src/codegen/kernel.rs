@@ -367,6 +367,38 @@ fn spec_err<T>(msg: impl Into<String>) -> Result<T, SpecError> {
 }
 
 impl KernelSpec {
+    /// A map over one dense 1-D input of length `n` writing `outputs`.
+    pub fn map_1d(dtype: KDType, n: usize, body: Vec<KExpr>, outputs: Vec<KId>) -> Self {
+        KernelSpec {
+            dtype,
+            shape: vec![n],
+            inputs: vec![InputSpec::contiguous(&[n])],
+            body,
+            outputs,
+            reduce: None,
+        }
+    }
+
+    /// The side-by-side benchmark's kernel `y = tanh(2x + 1) * sigmoid(x) -
+    /// x / 3` over `n` elements. Its body ids, in order: `x`, the constants
+    /// 2, 1 and 3, `2x`, `2x + 1`, `tanh`, `sigmoid`, the product, `x / 3`
+    /// and `y`.
+    pub fn tanh_sigmoid_map(dtype: KDType, n: usize) -> Self {
+        let mut b = BodyBuilder::new();
+        let x = b.input(0);
+        let two = b.constant(2.0);
+        let one = b.constant(1.0);
+        let three = b.constant(3.0);
+        let t = b.binary(BinaryOp::Mul, two, x);
+        let t = b.binary(BinaryOp::Add, t, one);
+        let t = b.unary(UnaryOp::Tanh, t);
+        let s = b.unary(UnaryOp::Sigmoid, x);
+        let p = b.binary(BinaryOp::Mul, t, s);
+        let q = b.binary(BinaryOp::Div, x, three);
+        let y = b.binary(BinaryOp::Sub, p, q);
+        Self::map_1d(dtype, n, b.body, vec![y])
+    }
+
     /// The number of elements of the iteration space.
     pub fn num_elements(&self) -> usize {
         self.shape.iter().product()

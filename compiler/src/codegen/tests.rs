@@ -590,28 +590,9 @@ fn codegen_threads_do_not_change_results() {
     }
 }
 
-/// `y = tanh(2x + 1) * sigmoid(x) - x / 3`, the benchmark's kernel.
+/// The benchmark's kernel.
 pub(crate) fn bench_spec(dt: KDType, n: usize) -> KernelSpec {
-    let mut b = BodyBuilder::new();
-    let x = b.input(0);
-    let two = b.constant(2.0);
-    let one = b.constant(1.0);
-    let three = b.constant(3.0);
-    let t = b.binary(BinaryOp::Mul, two, x);
-    let t = b.binary(BinaryOp::Add, t, one);
-    let t = b.unary(UnaryOp::Tanh, t);
-    let s = b.unary(UnaryOp::Sigmoid, x);
-    let p = b.binary(BinaryOp::Mul, t, s);
-    let q = b.binary(BinaryOp::Div, x, three);
-    let y = b.binary(BinaryOp::Sub, p, q);
-    KernelSpec {
-        dtype: dt,
-        shape: vec![n],
-        inputs: vec![InputSpec::contiguous(&[n])],
-        body: b.body,
-        outputs: vec![y],
-        reduce: None,
-    }
+    KernelSpec::tanh_sigmoid_map(dt, n)
 }
 
 #[test]
@@ -985,5 +966,105 @@ fn vector_shortcuts_give_the_same_bits() {
                 }
             }
         }
+    }
+}
+
+/// Kernels whose innermost loop runs in chunks around the 256-bit
+/// routines give the same bits as the 128-bit code, for the routines'
+/// functions alone (over edge values, wide ranges and random bit patterns)
+/// and inside bodies that cut into several stages: a routine of a
+/// routine's result, a routine of a broadcast or strided input, several
+/// outputs, a select on a mask, outputs computed before the last stage.
+#[test]
+fn avx2_chunks_give_the_same_bits() {
+    let on = CompileOptions {
+        avx2: Some(true),
+        ..Default::default()
+    };
+    let off = CompileOptions {
+        avx2: Some(false),
+        ..Default::default()
+    };
+    if !compile_with(&bench_spec(KDType::F32, 64), &on)
+        .unwrap()
+        .uses_avx2()
+    {
+        eprintln!("skipped: this host has no AVX2 and FMA");
+        return;
+    }
+    let mut rng = Rng(12);
+    let compare = |spec: &KernelSpec, inputs: &[Vec<f64>], what: &str| {
+        let a = compile_with(spec, &on).unwrap();
+        let b = compile_with(spec, &off).unwrap();
+        assert!(a.uses_avx2(), "{what}: not chunked");
+        assert!(!b.uses_avx2());
+        for par in [Parallelism::Serial, Parallelism::Chunks(3)] {
+            let ya = run(&a, inputs, par);
+            let yb = run(&b, inputs, par);
+            for (o, (ya, yb)) in ya.iter().zip(&yb).enumerate() {
+                for (i, (p, q)) in ya.iter().zip(yb).enumerate() {
+                    assert!(
+                        same(*p, *q),
+                        "{what} output {o} [{i}]: {p:e} (chunked) vs {q:e}"
+                    );
+                }
+            }
+        }
+    };
+    for dt in DTYPES {
+        for op in [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid] {
+            if dt == KDType::F64 && op == UnaryOp::Tanh {
+                continue; // no f64 routine
+            }
+            let n = 300_007;
+            let mut x = values(&mut rng, dt, n);
+            for k in 0..n / 3 {
+                x[3 * k + 1] = domain(op, dt, &mut rng);
+            }
+            compare(&unary_spec(op, dt, n), &[x], &format!("{op} {dt:?}"));
+        }
+        for n in [16, 17, 31, 513, 1037, 5000] {
+            let x: Vec<f64> = (0..n)
+                .map(|_| round(dt, rng.uniform(-12.0, 12.0)))
+                .collect();
+            compare(&bench_spec(dt, n), &[x], &format!("bench {dt:?} n={n}"));
+        }
+        // Two-dimensional, with a row-broadcast input (read in place by a
+        // routine) and a column-broadcast one (constant along the row,
+        // copied to a buffer for its routine).
+        let (r, c) = (7, 300);
+        let mut b = BodyBuilder::new();
+        let x = b.input(0);
+        let row = b.input(1);
+        let col = b.input(2);
+        let e = b.unary(UnaryOp::Exp, x);
+        let t = b.unary(UnaryOp::Sigmoid, e); // a routine of a routine
+        let s = b.unary(UnaryOp::Sigmoid, col); // of a broadcast input
+        let u = b.unary(UnaryOp::Exp, row);
+        let m = b.binary(BinaryOp::Gt, x, col);
+        let sel = b.select(m, t, s); // a mask from stage 0, read in stage 2
+        let early = b.binary(BinaryOp::Mul, x, col); // an output of stage 0
+        let y = b.binary(BinaryOp::Add, sel, u);
+        let spec = KernelSpec {
+            dtype: dt,
+            shape: vec![r, c],
+            inputs: vec![
+                InputSpec::contiguous(&[r, c]),
+                InputSpec {
+                    strides: vec![0, 1],
+                },
+                InputSpec {
+                    strides: vec![1, 0],
+                },
+            ],
+            body: b.body,
+            outputs: vec![y, early, e],
+            reduce: None,
+        };
+        let gen = |rng: &mut Rng, n: usize| -> Vec<f64> {
+            (0..n).map(|_| round(dt, rng.uniform(-6.0, 6.0))).collect()
+        };
+        let inputs = vec![gen(&mut rng, r * c), gen(&mut rng, c), gen(&mut rng, r)];
+        compare(&spec, &inputs, &format!("staged {dt:?}"));
     }
 }

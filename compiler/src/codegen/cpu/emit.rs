@@ -5,15 +5,19 @@
 //! `[begin, end)` and every other loop over its full extent. The innermost
 //! loop runs `unroll` vectors per step, then single vectors, then scalars.
 
-use cranelift_codegen::ir::{types, AbiParam, BlockArg, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{
+    types, AbiParam, BlockArg, FuncRef, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind,
+    Value,
+};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::JITModule;
 use cranelift_module::{FuncId, Linkage, Module};
 
+use super::avx2;
 use super::libcalls::{binary_libcall, unary_libcall, Libcall};
 use super::math::{Calls, Mask, Ty, E};
 use super::plan::{Mode, Plan};
-use crate::codegen::kernel::{BinaryOp, KDType, KExpr, KernelSpec, ReduceOp, UnaryOp};
+use crate::codegen::kernel::{BinaryOp, KDType, KExpr, KId, KernelSpec, ReduceOp, UnaryOp};
 
 /// The relative cost of one body expression per element, for choosing the
 /// unroll factor.
@@ -77,15 +81,17 @@ pub(crate) fn libcalls(spec: &KernelSpec) -> Vec<(KExpr, Libcall)> {
 }
 
 /// Declares and defines the kernel function in `module`; returns its id,
-/// code size in bytes and, with `disasm`, the machine code as text.
+/// code size in bytes, with `disasm` the machine code as text, and whether
+/// its innermost loop runs in chunks around [`avx2`] routines.
 pub(crate) fn define(
     module: &mut JITModule,
     spec: &KernelSpec,
     plan: &Plan,
     unroll: usize,
     fma: bool,
+    use_avx2: bool,
     disasm: bool,
-) -> Result<(FuncId, usize, Option<String>), String> {
+) -> Result<(FuncId, usize, Option<String>, bool), String> {
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     for _ in 0..4 {
@@ -107,8 +113,30 @@ pub(crate) fn define(
             .map_err(|e| e.to_string())?;
         imports.push((e, fid));
     }
+    // The 256-bit routines the body can use (with FMA only: they are the
+    // fused algorithms).
+    let mut routine_ids = Vec::new();
+    if use_avx2 && fma && plan.mode == Mode::Map && plan.vector {
+        let mut s = module.make_signature();
+        s.params.push(AbiParam::new(ptr));
+        s.params.push(AbiParam::new(ptr));
+        s.params.push(AbiParam::new(types::I64));
+        for e in &spec.body {
+            if let KExpr::Unary(op, _) = *e {
+                if let Some((symbol, _)) = avx2::routine(op, spec.dtype) {
+                    if !routine_ids.iter().any(|&(o, _)| o == op) {
+                        let fid = module
+                            .declare_function(symbol, Linkage::Import, &s)
+                            .map_err(|e| e.to_string())?;
+                        routine_ids.push((op, fid));
+                    }
+                }
+            }
+        }
+    }
 
     let mut ctx = module.make_context();
+    let mut chunked = false;
     ctx.set_disasm(disasm);
     ctx.func.signature = sig;
     let mut fbc = FunctionBuilderContext::new();
@@ -163,7 +191,16 @@ pub(crate) fn define(
             acc_vec: Vec::new(),
             acc_s: None,
             flags,
+            chunked: None,
         };
+        if !routine_ids.is_empty() {
+            let routines: Vec<(UnaryOp, FuncRef)> = routine_ids
+                .iter()
+                .map(|&(op, fid)| (op, module.declare_func_in_func(fid, b.func)))
+                .collect();
+            g.chunked = Chunked::new(&mut b, spec, plan, &routines, ptr);
+            chunked = g.chunked.is_some();
+        }
         // Inputs read at one place only: load once.
         for &i in &g.used.clone() {
             if plan.in_strides[i].iter().all(|&s| s == 0) {
@@ -185,7 +222,7 @@ pub(crate) fn define(
         .unwrap_or(0);
     let text = ctx.compiled_code().and_then(|c| c.vcode.clone());
     module.clear_context(&mut ctx);
-    Ok((id, size, text))
+    Ok((id, size, text, chunked))
 }
 
 struct Gen<'s> {
@@ -209,6 +246,188 @@ struct Gen<'s> {
     acc_vec: Vec<Variable>,
     acc_s: Option<Variable>,
     flags: MemFlagsData,
+    /// Set when the innermost loop runs in chunks around 256-bit routines.
+    chunked: Option<Chunked>,
+}
+
+/// Bytes of one scratch buffer of a chunked row: the chunk's length
+/// (1 KiB and 1920 bytes measured the same, 4 KiB slower).
+const CHUNK_BYTES: i64 = 2048;
+
+/// At most this many scratch buffers (the chunk's working set stays in
+/// the first-level cache); bodies needing more run unchunked.
+const MAX_SLOTS: usize = 12;
+
+/// How the innermost loop of a map runs in chunks around calls of
+/// [`avx2`] routines. The body is cut into stages: stage 0 is Cranelift
+/// code over the chunk computing what the first routines read; then the
+/// routines run over the chunk; then stage 1 reads their results, and so
+/// on. Values that cross from one stage to a later one go through scratch
+/// buffers on the stack; inputs are read again where needed, and a
+/// routine reads a contiguous input in place. Outputs are all stored by
+/// the last stage, after every input read of the chunk, so that an output
+/// may share its buffer with an input as in the unchunked loop.
+struct Chunked {
+    /// Per body expression: the stage that computes it (for a routine's
+    /// result, the first stage that can read it).
+    stage: Vec<usize>,
+    /// The last stage.
+    last: usize,
+    /// Per body expression: the routine that computes it.
+    routine: Vec<Option<FuncRef>>,
+    /// Per body expression: the address of its scratch buffer, where it
+    /// goes through memory.
+    slot: Vec<Option<Value>>,
+}
+
+/// [`Chunked`]'s analysis: per expression its stage, routine index and
+/// whether it goes through memory; `None` when the body has no routine or
+/// needs too many buffers. `direct(i)`: whether input `i` is read
+/// contiguously along the row.
+pub(crate) fn chunk_stages(
+    body: &[KExpr],
+    outputs: &[KId],
+    has_routine: impl Fn(UnaryOp) -> bool,
+    direct: impl Fn(usize) -> bool,
+) -> Option<(Vec<usize>, Vec<bool>, Vec<bool>)> {
+    let n = body.len();
+    let mut stage = vec![0usize; n];
+    let mut call = vec![false; n];
+    for (k, e) in body.iter().enumerate() {
+        stage[k] = match *e {
+            KExpr::Input(_) | KExpr::Const(_) => 0,
+            KExpr::Unary(op, a) if has_routine(op) => {
+                call[k] = true;
+                stage[a.index()] + 1
+            }
+            KExpr::Unary(_, a) => stage[a.index()],
+            KExpr::Binary(_, a, x) => stage[a.index()].max(stage[x.index()]),
+            KExpr::Select(c, a, x) => stage[c.index()].max(stage[a.index()]).max(stage[x.index()]),
+        };
+    }
+    if !call.iter().any(|&c| c) {
+        return None;
+    }
+    let last = stage.iter().copied().max().unwrap_or(0);
+    let leaf = |k: usize| matches!(body[k], KExpr::Input(_) | KExpr::Const(_));
+    let operands = |k: usize| -> Vec<usize> {
+        match body[k] {
+            KExpr::Input(_) | KExpr::Const(_) => vec![],
+            KExpr::Unary(_, a) => vec![a.index()],
+            KExpr::Binary(_, a, x) => vec![a.index(), x.index()],
+            KExpr::Select(c, a, x) => vec![c.index(), a.index(), x.index()],
+        }
+    };
+    // Sink each value into the first stage that reads it, so that a value
+    // read only later is computed there instead of going through a buffer
+    // (`x / 3` in the benchmark's kernel). A routine's argument stays: it
+    // is read from memory.
+    let mut read_at = vec![usize::MAX; n];
+    for o in outputs {
+        read_at[o.index()] = last;
+    }
+    let mut arg = vec![false; n];
+    for k in (0..n).rev() {
+        if !call[k] && !leaf(k) && !arg[k] && read_at[k] != usize::MAX {
+            stage[k] = stage[k].max(read_at[k]);
+        }
+        for a in operands(k) {
+            let at = if call[k] { stage[k] - 1 } else { stage[k] };
+            read_at[a] = read_at[a].min(at);
+            arg[a] |= call[k];
+        }
+    }
+    let mut mem = vec![false; n];
+    for k in 0..n {
+        let operands = operands(k);
+        if call[k] {
+            mem[k] = true;
+            let a = operands[0];
+            let in_place = matches!(body[a], KExpr::Input(i) if direct(i));
+            if !in_place {
+                mem[a] = true;
+            }
+        } else {
+            for a in operands {
+                if stage[a] < stage[k] && !leaf(a) {
+                    mem[a] = true;
+                }
+            }
+        }
+    }
+    for o in outputs {
+        let o = o.index();
+        if stage[o] < last && !leaf(o) {
+            mem[o] = true;
+        }
+    }
+    if mem.iter().filter(|&&m| m).count() > MAX_SLOTS {
+        return None;
+    }
+    Some((stage, call, mem))
+}
+
+impl Chunked {
+    fn new(
+        b: &mut FunctionBuilder,
+        spec: &KernelSpec,
+        plan: &Plan,
+        routines: &[(UnaryOp, FuncRef)],
+        ptr: types::Type,
+    ) -> Option<Chunked> {
+        let last_dim = plan.dims.len() - 1;
+        // Short rows would pay a call per few elements.
+        if plan.dims[last_dim] < 16 {
+            return None;
+        }
+        let find = |op: UnaryOp| routines.iter().find(|r| r.0 == op).map(|r| r.1);
+        let (stage, call, mem) = chunk_stages(
+            &spec.body,
+            &spec.outputs,
+            |op| find(op).is_some(),
+            |i| plan.in_strides[i][last_dim] == 1,
+        )?;
+        let routine = spec
+            .body
+            .iter()
+            .zip(&call)
+            .map(|(e, &c)| match *e {
+                KExpr::Unary(op, _) if c => find(op),
+                _ => None,
+            })
+            .collect();
+        let count = mem.iter().filter(|&&m| m).count() as u32;
+        let stride = CHUNK_BYTES as u32;
+        let ss = b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            stride * count,
+            6,
+        ));
+        let mut next = 0;
+        let slot = mem
+            .iter()
+            .map(|&m| {
+                m.then(|| {
+                    let a = b.ins().stack_addr(ptr, ss, (next * stride) as i32);
+                    next += 1;
+                    a
+                })
+            })
+            .collect();
+        let last = stage.iter().copied().max().unwrap_or(0);
+        Some(Chunked {
+            stage,
+            last,
+            routine,
+            slot,
+        })
+    }
+
+    /// Whether stage `s` reads expression `k` from its scratch buffer.
+    fn reads_buffer(&self, body: &[KExpr], k: usize, s: usize) -> bool {
+        let leaf = matches!(body[k], KExpr::Input(_) | KExpr::Const(_));
+        self.routine[k].is_some() || (self.slot[k].is_some() && self.stage[k] < s && !leaf)
+    }
 }
 
 /// A value loaded once for a whole row: scalar and splatted.
@@ -405,6 +624,10 @@ impl<'s> Gen<'s> {
                 row_const[j] = Some(self.load_invariant(b, inp[j]));
             }
         }
+        if self.chunked.is_some() {
+            self.chunked_row(b, start, stop, inp, outp, &row_const);
+            return;
+        }
         let mut i = start;
         if self.plan.vector {
             let lanes = self.vt.lanes as i64;
@@ -423,6 +646,223 @@ impl<'s> Gen<'s> {
         self.counted(b, i, stop, 1, |g, b, i| {
             g.step(b, st, 1, i, inp, outp, &row_const);
         });
+    }
+
+    /// The innermost loop in chunks (see [`Chunked`]).
+    fn chunked_row(
+        &mut self,
+        b: &mut FunctionBuilder,
+        start: Value,
+        stop: Value,
+        inp: &[Value],
+        outp: &[Value],
+        row_const: &[Option<Pair>],
+    ) {
+        use cranelift_codegen::ir::condcodes::IntCC;
+        let ck = self.chunked.take().expect("a chunked row");
+        let last_dim = self.plan.dims.len() - 1;
+        let header = b.create_block();
+        let i = b.append_block_param(header, types::I64);
+        let blk = b.create_block();
+        let exit = b.create_block();
+        b.ins().jump(header, &[BlockArg::from(start)]);
+        b.switch_to_block(header);
+        let go = b.ins().icmp(IntCC::UnsignedLessThan, i, stop);
+        b.ins().brif(go, blk, &[], exit, &[]);
+        b.switch_to_block(blk);
+        let rem = b.ins().isub(stop, i);
+        let cap = self.iconst(b, CHUNK_BYTES / self.es);
+        let len = b.ins().umin(rem, cap);
+        for s in 0..=ck.last {
+            self.stage(b, &ck, s, i, len, inp, outp, row_const);
+            // The routines whose results stage s + 1 reads first.
+            for (k, e) in self.spec.body.iter().enumerate() {
+                let (Some(f), KExpr::Unary(_, a)) = (ck.routine[k], *e) else {
+                    continue;
+                };
+                if ck.stage[k] != s + 1 {
+                    continue;
+                }
+                let a = a.index();
+                let src = match (ck.slot[a], self.spec.body[a]) {
+                    (Some(p), _) => p,
+                    (None, KExpr::Input(j)) => {
+                        self.offset(b, inp[j], i, self.plan.in_strides[j][last_dim])
+                    }
+                    _ => unreachable!("a routine's argument is in memory"),
+                };
+                let dst = ck.slot[k].expect("a routine's result has a buffer");
+                b.ins().call(f, &[src, dst, len]);
+            }
+        }
+        let next = b.ins().iadd(i, len);
+        b.ins().jump(header, &[BlockArg::from(next)]);
+        b.switch_to_block(exit);
+        self.chunked = Some(ck);
+    }
+
+    /// Stage `s` of a chunked row: Cranelift code over `[base, base +
+    /// len)` computing what later stages read (and, in the last stage,
+    /// the outputs).
+    #[allow(clippy::too_many_arguments)]
+    fn stage(
+        &mut self,
+        b: &mut FunctionBuilder,
+        ck: &Chunked,
+        s: usize,
+        base: Value,
+        len: Value,
+        inp: &[Value],
+        outp: &[Value],
+        row_const: &[Option<Pair>],
+    ) {
+        let body = &self.spec.body;
+        let n = body.len();
+        // What the stage stores, then everything those need.
+        let mut stores: Vec<usize> = (0..n)
+            .filter(|&k| ck.routine[k].is_none() && ck.slot[k].is_some() && ck.stage[k] == s)
+            .collect();
+        let outputs = s == ck.last;
+        let mut need = vec![false; n];
+        for &k in &stores {
+            need[k] = true;
+        }
+        if outputs {
+            for o in &self.spec.outputs {
+                need[o.index()] = true;
+            }
+        }
+        if !need.iter().any(|&x| x) {
+            return;
+        }
+        for k in (0..n).rev() {
+            if !need[k] || ck.reads_buffer(body, k, s) {
+                continue;
+            }
+            match body[k] {
+                KExpr::Unary(_, a) => need[a.index()] = true,
+                KExpr::Binary(_, a, x) => {
+                    need[a.index()] = true;
+                    need[x.index()] = true;
+                }
+                KExpr::Select(c, a, x) => {
+                    need[c.index()] = true;
+                    need[a.index()] = true;
+                    need[x.index()] = true;
+                }
+                KExpr::Input(_) | KExpr::Const(_) => {}
+            }
+        }
+        stores.retain(|&k| need[k]);
+        let zero = self.iconst(b, 0);
+        let mut j = zero;
+        let lanes = self.vt.lanes as i64;
+        let vt = self.vt;
+        let st = self.st;
+        let u = self.unroll;
+        let stage_args = (ck, s, base, &need[..], &stores[..], outputs);
+        if u > 1 {
+            j = self.counted(b, j, len, lanes * u as i64, |g, b, j| {
+                g.stage_step(b, vt, u, j, stage_args, inp, outp, row_const);
+            });
+        }
+        j = self.counted(b, j, len, lanes, |g, b, j| {
+            g.stage_step(b, vt, 1, j, stage_args, inp, outp, row_const);
+        });
+        self.counted(b, j, len, 1, |g, b, j| {
+            g.stage_step(b, st, 1, j, stage_args, inp, outp, row_const);
+        });
+    }
+
+    /// `u` consecutive elements (scalars or vectors) at chunk index `j` of
+    /// one stage.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_step(
+        &mut self,
+        b: &mut FunctionBuilder,
+        t: Ty,
+        u: usize,
+        j: Value,
+        (ck, s, base, need, stores, outputs): (&Chunked, usize, Value, &[bool], &[usize], bool),
+        inp: &[Value],
+        outp: &[Value],
+        row_const: &[Option<Pair>],
+    ) {
+        let body = &self.spec.body;
+        let last_dim = self.plan.dims.len() - 1;
+        let gi = b.ins().iadd(base, j);
+        let local = b.ins().ishl_imm_u(j, self.sh);
+        // Per expression: its scratch address and, for inputs, where the
+        // input is read.
+        let mut addr: Vec<Option<Value>> = vec![None; body.len()];
+        let mut in_addr: Vec<Option<Value>> = vec![None; body.len()];
+        for (k, e) in body.iter().enumerate() {
+            if !need[k] {
+                continue;
+            }
+            if ck.reads_buffer(body, k, s) || stores.contains(&k) {
+                let p = ck.slot[k].expect("a buffer");
+                addr[k] = Some(b.ins().iadd(p, local));
+            }
+            if let KExpr::Input(x) = *e {
+                if row_const[x].is_none() {
+                    let stride = self.plan.in_strides[x][last_dim];
+                    in_addr[k] = Some(self.offset(b, inp[x], gi, stride));
+                }
+            }
+        }
+        let out_addrs: Vec<Value> = if outputs {
+            outp.iter().map(|&p| self.offset(b, p, gi, 1)).collect()
+        } else {
+            vec![]
+        };
+        let bytes = (t.lanes as i64 * self.es) as i32;
+        for kk in 0..u {
+            let off = bytes * kk as i32;
+            let mut e = E::new(b, t, &self.calls);
+            let mut vals: Vec<Option<Value>> = vec![None; body.len()];
+            let mut masks: Vec<Option<Mask>> = vec![None; body.len()];
+            for (k, expr) in body.iter().enumerate() {
+                if !need[k] {
+                    continue;
+                }
+                let v = |k: KId| vals[k.index()].expect("operand computed");
+                let (val, m) = if ck.reads_buffer(body, k, s) {
+                    let a = addr[k].expect("a buffer");
+                    (e.b.ins().load(t.f, self.flags, a, off), None)
+                } else {
+                    match *expr {
+                        KExpr::Input(x) => match row_const[x] {
+                            Some((sv, vv)) => (if t.is_vector() { vv } else { sv }, None),
+                            None => {
+                                let a = in_addr[k].expect("an input address");
+                                (e.b.ins().load(t.f, self.flags, a, off), None)
+                            }
+                        },
+                        KExpr::Const(c) => (e.c(c), None),
+                        KExpr::Unary(op, a) => (e.unary(op, v(a)), None),
+                        KExpr::Binary(op, a, x) => e.binary(op, v(a), v(x)),
+                        KExpr::Select(c, a, x) => {
+                            let m = match masks[c.index()] {
+                                Some(m) => m,
+                                None => e.nonzero(v(c)),
+                            };
+                            (e.sel(m, v(a), v(x)), None)
+                        }
+                    }
+                };
+                vals[k] = Some(val);
+                masks[k] = m;
+            }
+            for &k in stores {
+                let a = addr[k].expect("a buffer");
+                e.b.ins().store(self.flags, vals[k].unwrap(), a, off);
+            }
+            for (o, &a) in self.spec.outputs.iter().zip(&out_addrs) {
+                e.b.ins()
+                    .store(self.flags, vals[o.index()].unwrap(), a, off);
+            }
+        }
     }
 
     /// `u` consecutive elements (scalars or vectors) at index `i`.
@@ -513,5 +953,34 @@ impl<'s> Gen<'s> {
             masks.push(m);
         }
         self.spec.outputs.iter().map(|o| vals[o.index()]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The benchmark's kernel `tanh(2x + 1) * sigmoid(x) - x / 3`: `2x + 1`
+    /// goes to a buffer for `tanh`, `sigmoid` reads `x` in place, and `x /
+    /// 3` is computed in the last stage rather than stored.
+    #[test]
+    fn chunk_stages_of_the_benchmark_kernel() {
+        let spec = KernelSpec::tanh_sigmoid_map(KDType::F32, 64);
+        let [x, t, a, th, s, q, y] = [0, 4, 5, 6, 7, 9, 10].map(KId);
+        let routine = |op| matches!(op, UnaryOp::Tanh | UnaryOp::Sigmoid);
+        let (stage, call, mem) = chunk_stages(&spec.body, &[y], routine, |_| true).unwrap();
+        let at = |k: KId| (stage[k.index()], call[k.index()], mem[k.index()]);
+        assert_eq!(at(a), (0, false, true));
+        assert_eq!(at(t), (0, false, false));
+        assert_eq!(at(th), (1, true, true));
+        assert_eq!(at(s), (1, true, true));
+        assert_eq!(at(q), (1, false, false));
+        assert_eq!(at(y), (1, false, false));
+        assert_eq!(mem.iter().filter(|&&m| m).count(), 3);
+        // Read with a stride, `x` is copied for `sigmoid`.
+        let (_, _, mem) = chunk_stages(&spec.body, &[y], routine, |_| false).unwrap();
+        assert!(mem[x.index()]);
+        // No routine: no chunks.
+        assert!(chunk_stages(&spec.body, &[y], |_| false, |_| true).is_none());
     }
 }

@@ -92,6 +92,50 @@ pub(crate) struct Calls {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mask(pub Value);
 
+/// Constants of the exponential-based functions, shared with the 256-bit
+/// routines of `avx2.rs`, which must give the same bits.
+pub(crate) mod k {
+    /// f64 `e^x`: the clamp, `ln 2` split in two (Cody–Waite), and the
+    /// rational approximation's polynomial in `r^2`.
+    pub const EXP_F64_RANGE: (f64, f64) = (-746.0, 710.0);
+    pub const LN2_HI_F64: f64 = 6.93147180369123816490e-01;
+    pub const LN2_LO_F64: f64 = 1.90821492927058770002e-10;
+    pub const EXP_F64_P: [f64; 5] = [
+        4.13813679705723846039e-08,
+        -1.65339022054652515390e-06,
+        6.61375632143793436117e-05,
+        -2.77777777770155933842e-03,
+        1.66666666666666019037e-01,
+    ];
+    /// f32 `e^x`: the clamp, `ln 2` split in two, the polynomial.
+    pub const EXP_F32_RANGE: (f64, f64) = (-104.0, 100.0);
+    pub const LN2_HI_F32: f64 = 0.693359375;
+    pub const LN2_LO_F32: f64 = -2.12194440e-4;
+    pub const EXP_F32_P: [f64; 6] = [
+        1.9875691500E-4,
+        1.3981999507E-3,
+        8.3334519073E-3,
+        4.1665795894E-2,
+        1.6666665459E-1,
+        5.0000001201E-1,
+    ];
+    /// f32 `e^r - 1`'s Taylor coefficients from `r^8` down to `r^2`.
+    pub const EXPM1_F32_P: [f64; 7] = [
+        1.0 / 40320.0,
+        1.0 / 5040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+    ];
+    /// Where f32 `tanh` is 1: the clamp of `2|x|`.
+    pub const TANH_F32_CLAMP: f64 = 20.0;
+    /// `1.5 * 2^52` and `1.5 * 2^23`: adding one rounds to an integer.
+    pub const SHIFTER_F64: f64 = 6755399441055744.0;
+    pub const SHIFTER_F32: f64 = 12582912.0;
+}
+
 /// An emitter for one value type.
 pub(crate) struct E<'a, 'f> {
     pub b: &'a mut FunctionBuilder<'f>,
@@ -407,9 +451,9 @@ impl<'a, 'f> E<'a, 'f> {
     /// trick.
     fn round_split(&mut self, x: Value, scale: f64) -> (Value, Value) {
         let shifter = if self.t.wide {
-            6755399441055744.0 // 1.5 * 2^52
+            k::SHIFTER_F64
         } else {
-            12582912.0 // 1.5 * 2^23
+            k::SHIFTER_F32
         };
         let s = self.c(shifter);
         let t = self.madc(x, scale, s);
@@ -431,23 +475,15 @@ impl<'a, 'f> E<'a, 'f> {
     fn exp_of(&mut self, x: Value, lo: bool, hi: bool) -> Value {
         const LOG2E: f64 = std::f64::consts::LOG2_E;
         if self.t.wide {
-            let x = self.clamp(x, lo.then_some(-746.0), hi.then_some(710.0));
+            let (min, max) = k::EXP_F64_RANGE;
+            let x = self.clamp(x, lo.then_some(min), hi.then_some(max));
             let (kf, ki) = self.round_split(x, LOG2E);
             // Cody–Waite: hi - lo = x - k ln2 (k ln2_hi is exact).
-            let hi = self.madc(kf, -6.93147180369123816490e-01, x);
-            let lo = self.mulc(kf, 1.90821492927058770002e-10);
+            let hi = self.madc(kf, -k::LN2_HI_F64, x);
+            let lo = self.mulc(kf, k::LN2_LO_F64);
             let r = self.sub(hi, lo);
             let z = self.mul(r, r);
-            let p = self.poly(
-                z,
-                &[
-                    4.13813679705723846039e-08,
-                    -1.65339022054652515390e-06,
-                    6.61375632143793436117e-05,
-                    -2.77777777770155933842e-03,
-                    1.66666666666666019037e-01,
-                ],
-            );
+            let p = self.poly(z, &k::EXP_F64_P);
             let zp = self.mul(z, p);
             let c = self.sub(r, zp);
             // y = 1 - ((lo - r c / (2 - c)) - hi)
@@ -461,22 +497,13 @@ impl<'a, 'f> E<'a, 'f> {
             let y = self.sub(one, t);
             self.scale2(y, ki)
         } else {
-            let x = self.clamp(x, lo.then_some(-104.0), hi.then_some(100.0));
+            let (min, max) = k::EXP_F32_RANGE;
+            let x = self.clamp(x, lo.then_some(min), hi.then_some(max));
             let (kf, ki) = self.round_split(x, LOG2E);
-            let r = self.madc(kf, -0.693359375, x);
-            let r = self.madc(kf, 2.12194440e-4, r);
+            let r = self.madc(kf, -k::LN2_HI_F32, x);
+            let r = self.madc(kf, -k::LN2_LO_F32, r);
             let z = self.mul(r, r);
-            let p = self.poly(
-                r,
-                &[
-                    1.9875691500E-4,
-                    1.3981999507E-3,
-                    8.3334519073E-3,
-                    4.1665795894E-2,
-                    1.6666665459E-1,
-                    5.0000001201E-1,
-                ],
-            );
+            let p = self.poly(r, &k::EXP_F32_P);
             let p = self.mad(p, z, r);
             let y = self.addc(p, 1.0);
             self.scale2(y, ki)
@@ -532,9 +559,9 @@ impl<'a, 'f> E<'a, 'f> {
     /// Small integers stored in the companion integer type, as floats.
     fn int_to_float(&mut self, k: Value) -> Value {
         let (magic_bits, magic) = if self.t.wide {
-            (0x4338_0000_0000_0000i64, 6755399441055744.0)
+            (0x4338_0000_0000_0000i64, k::SHIFTER_F64)
         } else {
-            (0x4B40_0000, 12582912.0)
+            (0x4B40_0000, k::SHIFTER_F32)
         };
         let mb = self.ci(magic_bits);
         let bits = self.b.ins().iadd(k, mb);
@@ -687,20 +714,9 @@ impl<'a, 'f> E<'a, 'f> {
     /// and `2^k - 1` is exact for `k <= 24`: one rounding.
     fn expm1_f32_nonneg(&mut self, u: Value) -> Value {
         let (kf, ki) = self.round_split(u, std::f64::consts::LOG2_E);
-        let r = self.madc(kf, -0.693359375, u);
-        let r = self.madc(kf, 2.12194440e-4, r);
-        let q = self.poly(
-            r,
-            &[
-                1.0 / 40320.0,
-                1.0 / 5040.0,
-                1.0 / 720.0,
-                1.0 / 120.0,
-                1.0 / 24.0,
-                1.0 / 6.0,
-                0.5,
-            ],
-        );
+        let r = self.madc(kf, -k::LN2_HI_F32, u);
+        let r = self.madc(kf, -k::LN2_LO_F32, r);
+        let q = self.poly(r, &k::EXPM1_F32_P);
         let r2 = self.mul(r, r);
         let p = self.mad(r2, q, r);
         let s = self.pow2i(ki);
@@ -772,7 +788,7 @@ impl<'a, 'f> E<'a, 'f> {
     fn tanh_f32(&mut self, x: Value) -> Value {
         let ax = self.b.ins().fabs(x);
         let u = self.add(ax, ax);
-        let u = self.clamp(u, None, Some(20.0));
+        let u = self.clamp(u, None, Some(k::TANH_F32_CLAMP));
         let e = self.expm1_f32_nonneg(u);
         let d = self.addc(e, 2.0);
         let t = self.div(e, d);

@@ -50,6 +50,7 @@
 //! thread count) whose results are combined in order, in f64; a reduction to a few elements (fewer than the
 //! threads) uses at most that many threads.
 
+mod avx2;
 mod emit;
 mod libcalls;
 mod math;
@@ -124,6 +125,11 @@ pub struct CompileOptions {
     /// host without it is ignored). Results differ in the last bit between
     /// the two, but not between runs or thread counts.
     pub fma: Option<bool>,
+    /// Whether a map's `tanh`, `sigmoid` and `exp` run through the 256-bit
+    /// routines (module `avx2`), the innermost loop in chunks around them
+    /// (`None`: when the host has AVX2 and FMA, unless the environment
+    /// sets `ADJOINT_NO_AVX2=1`). Same bits either way.
+    pub avx2: Option<bool>,
     /// Keep the machine code as text ([`CompiledKernel::disassembly`]).
     pub disasm: bool,
 }
@@ -227,6 +233,7 @@ pub struct CompiledKernel {
     code_size: usize,
     unroll: usize,
     fma: bool,
+    avx2: bool,
     disasm: Option<String>,
     _code: Code,
 }
@@ -300,6 +307,7 @@ pub fn compile_with(
             code_size: 0,
             unroll,
             fma: false,
+            avx2: false,
             disasm: None,
             _code: Code(None),
         });
@@ -319,10 +327,26 @@ pub fn compile_with(
     {
         builder.symbol(lc.symbol, lc.ptr);
     }
+    let use_avx2 = options
+        .avx2
+        .unwrap_or_else(|| std::env::var_os("ADJOINT_NO_AVX2").is_none_or(|v| v != "1"))
+        && avx2::available();
+    if use_avx2 {
+        for (symbol, f) in avx2::all() {
+            builder.symbol(symbol, f as *const u8);
+        }
+    }
     let mut module = JITModule::new(builder);
-    let (id, code_size, disasm) =
-        emit::define(&mut module, &spec, &plan, unroll, fma, options.disasm)
-            .map_err(CodegenError::Backend)?;
+    let (id, code_size, disasm, chunked) = emit::define(
+        &mut module,
+        &spec,
+        &plan,
+        unroll,
+        fma,
+        use_avx2,
+        options.disasm,
+    )
+    .map_err(CodegenError::Backend)?;
     module
         .finalize_definitions()
         .map_err(|e| CodegenError::Backend(e.to_string()))?;
@@ -337,6 +361,7 @@ pub fn compile_with(
         code_size,
         unroll,
         fma,
+        avx2: chunked,
         disasm,
         _code: Code(Some(module)),
     })
@@ -430,6 +455,12 @@ impl CompiledKernel {
     /// Whether the polynomials use fused multiply-adds.
     pub fn uses_fma(&self) -> bool {
         self.fma
+    }
+
+    /// Whether the innermost loop runs in chunks around 256-bit routines
+    /// ([`CompileOptions::avx2`]).
+    pub fn uses_avx2(&self) -> bool {
+        self.avx2
     }
 
     /// The machine code as text, when compiled with
