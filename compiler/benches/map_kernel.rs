@@ -8,7 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use adjoint_compiler::codegen::cpu::{compile, compile_with, CompileOptions, CompiledKernel};
+use adjoint_compiler::codegen::cpu::{
+    compile, compile_with, CompileOptions, CompiledKernel, Parallelism,
+};
 use adjoint_compiler::codegen::kernel::{BinaryOp, BodyBuilder, KDType, KId, KernelSpec, UnaryOp};
 use rayon::prelude::*;
 
@@ -87,7 +89,7 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(16 << 20);
-    let reps = 11;
+    let reps = 15;
     let x: Vec<f32> = (0..n)
         .map(|i| ((i as u64 * 2_654_435_761) % 20_000) as f32 / 1000.0 - 10.0)
         .collect();
@@ -152,6 +154,28 @@ fn main() {
                 || pool.install(|| k.run(&[&x[..]], &mut [&mut out[..]]).unwrap()),
                 reps,
             ),
+        ));
+    }
+    // How finely the work is split over 2 threads: the counts alternate
+    // within each round, so that a slow spell of the machine falls on all.
+    let splits = [2usize, 8, 32, 128];
+    let mut split_times: Vec<Vec<Duration>> = vec![Vec::new(); splits.len()];
+    for _ in 0..reps {
+        for (i, &c) in splits.iter().enumerate() {
+            let t0 = Instant::now();
+            p2.install(|| {
+                kernel
+                    .run_with(&[&x[..]], &mut [&mut y[..]], Parallelism::Chunks(c))
+                    .unwrap()
+            });
+            split_times[i].push(t0.elapsed());
+        }
+    }
+    for (c, mut t) in splits.iter().zip(split_times) {
+        t.sort();
+        rows.push((
+            format!("256-bit routines, 2 threads, {c} pieces"),
+            (t[t.len() / 2], t[0]),
         ));
     }
     let max_err = y
