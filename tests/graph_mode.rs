@@ -1,6 +1,7 @@
 //! Graph mode's optimiser on whole programs: statically controlled
 //! gradients become one first-order graph of primitives, and graph mode
-//! prints what eager mode prints.
+//! prints what eager mode prints (to rounding where a kernel adds in
+//! another order).
 
 use adjoint::{Mode, Session, SessionError};
 
@@ -88,7 +89,11 @@ fn mlp_gradient_optimises_to_one_closure_free_graph() {
 fn mlp_graph_and_eager_agree() {
     let g = run(Mode::Graph, MLP);
     let e = run(Mode::Eager, MLP);
-    assert_eq!(g, e);
+    // To f32 rounding: the softmax's gradient and its sum over the batch
+    // (the last bias's gradient) are one kernel, whose f32 sums add in
+    // f32 where the reference kernels add in f64. The bias gradients'
+    // sums nearly cancel (about 1e-7 against terms near 1).
+    assert_close(&g, &e, 1e-5);
     assert!(g.split_whitespace().count() == 7, "{g}");
 }
 
@@ -158,9 +163,10 @@ fn a_training_step_runs_in_kernels() {
         // The dense layers' bias and ReLU run in the product's kernel (the
         // sum before the ReLU is an output too: its derivative uses it).
         "epilogue relu(matmul[a, b] + bias): 3 inputs, 2 outputs",
-        "fused[where] over [64, 80] f32",
+        // The ReLU's derivative masks the gradient, which the weights'
+        // product reads and the bias's gradient sums: one pass.
+        "fused[where,sum_to] over [64, 80] f32, then sum over [0]: 2 inputs, 2 outputs",
         "fused[mul,sub,sum] over [96, 80] f32",
-        "fused[sum_to] over [64, 80] f32, then sum over [0]",
         "matmul[mT(a), b]",
         "matmul[a, mT(b)]",
     ] {
@@ -172,6 +178,41 @@ fn a_training_step_runs_in_kernels() {
         &run(Mode::Eager, TRAIN_STEP),
         1e-5,
     );
+}
+
+/// A value that a reduction reads and that is needed elsewhere too is
+/// written by the reduction's kernel as a side output, in the same pass;
+/// a reduction to one element keeps its own kernel.
+#[test]
+fn reductions_write_the_values_others_need_as_side_outputs() {
+    let src = "
+fn main() {
+    let x = rand((64, 80), seed = 1) - 0.5;
+    let y = rand((64, 80), seed = 2);
+    let w = rand((64, 8), seed = 3);
+    let d = (x * y + 0.25) * x;
+    let cols = sum(d, axis = 0);
+    let p = matmul(transpose(d), w);
+    let rows = sum(d * y, axis = 1);
+    let total = sum(d * w[:, 0:1]);
+    print(sum(cols * cols), sum(p), sum(rows), d[3, 5], total);
+}
+";
+    let s = Session::new(Mode::Graph)
+        .load_source("side.adj", src)
+        .unwrap();
+    let kernels = s.emit_kernels("main").unwrap();
+    // `d` feeds the product and the column sums: one kernel writes both.
+    assert!(
+        kernels.contains(
+            "fused[sub,mul,add,mul,sum] over [64, 80] f32, then sum over [0]: 2 inputs, 2 outputs"
+        ),
+        "{kernels}"
+    );
+    // The total over every element reads `d` from memory.
+    assert!(kernels.contains("then sum over [0, 1]"), "{kernels}");
+    // f32 sums add in f32 in kernels, in f64 in the reference kernels.
+    assert_close(&run(Mode::Graph, src), &run(Mode::Eager, src), 1e-5);
 }
 
 /// Two lines of numbers that agree to a relative `tol`.
@@ -237,7 +278,7 @@ fn loaded_data_is_specialised_to_its_shape() {
         .unwrap();
     let kernels = s.emit_kernels("main").unwrap();
     assert!(
-        kernels.contains("fused[mul,add,tanh,div,sub] over [64, 80] f64"),
+        kernels.contains("fused[mul,add,tanh,div,sub,sum] over [64, 80] f64"),
         "{kernels}"
     );
     // The fused sum adds in another order.

@@ -12,9 +12,13 @@
 //!   earlier ones by [`KId`] (its index in the list);
 //! - a map kernel writes each of its `outputs` to a dense row-major buffer
 //!   of the iteration shape;
-//! - a reducing kernel (with [`ReduceSpec`]) has exactly one output, the
+//! - a reducing kernel (with [`ReduceSpec`]) has as its first output the
 //!   reduction of that body value over the given axes, written row-major
-//!   over the kept dimensions.
+//!   over the kept dimensions; its further outputs, if any, are *side
+//!   outputs*: body values written unreduced, like a map's outputs, in
+//!   the same pass (a value the reduction reads that is also needed
+//!   elsewhere is then not written by one kernel and read back by
+//!   another). A reduction to a single element has no side outputs.
 //!
 //! Comparisons produce 1.0 or 0.0 and `Select` tests its condition for
 //! nonzero, so every value in a kernel is a float of the kernel's dtype.
@@ -351,7 +355,8 @@ pub struct KernelSpec {
     pub inputs: Vec<InputSpec>,
     /// The expressions, in SSA order.
     pub body: Vec<KExpr>,
-    /// The body values written out (exactly one with a reduction).
+    /// The body values written out. With a reduction, the first is the
+    /// reduced one and the others are side outputs (written unreduced).
     pub outputs: Vec<KId>,
     /// The reduction applied to the single output, if any.
     pub reduce: Option<ReduceSpec>,
@@ -422,9 +427,25 @@ impl KernelSpec {
         }
     }
 
-    /// The number of elements of each output buffer.
+    /// The number of elements of each output buffer (of the first, when
+    /// a reduction has side outputs).
     pub fn output_len(&self) -> usize {
         self.output_shape().iter().product()
+    }
+
+    /// Whether a reduction also writes body values unreduced.
+    pub fn has_side_outputs(&self) -> bool {
+        self.reduce.is_some() && self.outputs.len() > 1
+    }
+
+    /// The number of elements of output `k`'s buffer: a side output has
+    /// one per point of the iteration space.
+    pub fn output_len_of(&self, k: usize) -> usize {
+        if k > 0 && self.reduce.is_some() {
+            self.num_elements()
+        } else {
+            self.output_len()
+        }
     }
 
     /// The smallest length of input `i`'s buffer: one past the largest
@@ -444,8 +465,8 @@ impl KernelSpec {
 
     /// Checks that the spec is well formed: strides match the rank and are
     /// non-negative, every reference points backwards into the body, inputs
-    /// exist, outputs exist, and a reduction has one output and distinct
-    /// axes in range.
+    /// exist, outputs exist, a reduction has distinct axes in range, and a
+    /// reduction to a single element has no side outputs.
     pub fn validate(&self) -> Result<(), SpecError> {
         let nd = self.shape.len();
         for (i, inp) in self.inputs.iter().enumerate() {
@@ -484,8 +505,8 @@ impl KernelSpec {
             return spec_err(format!("output {} is not in the body", bad.0));
         }
         if let Some(r) = &self.reduce {
-            if self.outputs.len() != 1 {
-                return spec_err("a reducing kernel has exactly one output");
+            if self.outputs.len() > 1 && self.output_len() == 1 {
+                return spec_err("a reduction to one element cannot have side outputs");
             }
             for (k, &a) in r.axes.iter().enumerate() {
                 if a >= nd {
@@ -657,7 +678,11 @@ impl KernelSpec {
         }
         match &self.reduce {
             None => results,
-            Some(r) => vec![reduce_reference::<T>(&self.shape, r, &results[0])],
+            Some(r) => {
+                // The reduced output, then the side outputs as they are.
+                let reduced = reduce_reference::<T>(&self.shape, r, &results[0]);
+                std::iter::once(reduced).chain(results.drain(1..)).collect()
+            }
         }
     }
 }
@@ -899,9 +924,20 @@ mod tests {
             axes: vec![1],
             keepdims: false,
         });
+        // A side output: the value written unreduced too.
+        s.validate().unwrap();
+        assert!(s.has_side_outputs());
+        assert_eq!(
+            (s.output_len_of(0), s.output_len_of(1)),
+            (2, s.num_elements())
+        );
+        // Not beside a reduction to one element.
+        s.reduce.as_mut().unwrap().axes = vec![0, 1];
         assert!(s.validate().is_err());
+        s.reduce.as_mut().unwrap().axes = vec![1];
         s.outputs.pop();
         s.validate().unwrap();
+        assert!(!s.has_side_outputs());
         assert_eq!(s.output_shape(), vec![2]);
         s.reduce.as_mut().unwrap().keepdims = true;
         assert_eq!(s.output_shape(), vec![2, 1]);

@@ -153,8 +153,9 @@ fn run(k: &CompiledKernel, inputs: &[Vec<f64>], par: Parallelism) -> Vec<Vec<f64
             .map(|x| x.iter().map(|&v| T::from_f64(v)).collect())
             .collect();
         let in_refs: Vec<&[T]> = ins.iter().map(|x| &x[..]).collect();
-        let n = k.spec().output_len();
-        let mut outs: Vec<Vec<T>> = vec![vec![T::from_f64(-7.0); n]; k.spec().outputs.len()];
+        let mut outs: Vec<Vec<T>> = (0..k.spec().outputs.len())
+            .map(|j| vec![T::from_f64(-7.0); k.spec().output_len_of(j)])
+            .collect();
         let mut out_refs: Vec<&mut [T]> = outs.iter_mut().map(|y| &mut y[..]).collect();
         k.run_with(&in_refs, &mut out_refs, par).unwrap();
         outs.into_iter()
@@ -498,6 +499,53 @@ fn codegen_reductions_match_reference() {
                         let what =
                             format!("{op} {dt:?} {shape:?} axes {axes:?} keepdims {keepdims}");
                         check_reduce(&spec, &x, &got[0], &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn codegen_reductions_with_side_outputs() {
+    // The reduction also writes, unreduced, the value it reduces and the
+    // input it read: exactly the reference's values, whatever the loop
+    // order, vectorisation and split across threads.
+    let mut rng = Rng(11);
+    for dt in DTYPES {
+        for shape in [vec![6usize, 37, 11], vec![3, 1, 64], vec![50, 40, 20]] {
+            let n: usize = shape.iter().product();
+            for op in ReduceOp::ALL {
+                for axes in axes_sets(shape.len()) {
+                    let mut spec = reduce_spec(dt, &shape, *op, &axes, false);
+                    if spec.output_len() == 1 {
+                        spec.outputs.push(KId(0));
+                        assert!(spec.validate().is_err(), "one element, side outputs");
+                        continue;
+                    }
+                    let reduced = spec.outputs[0];
+                    spec.outputs.extend([reduced, KId(0)]);
+                    let x: Vec<f64> = (0..n)
+                        .map(|_| round(dt, rng.uniform(-10.0, 10.0)))
+                        .collect();
+                    let want = spec.eval_reference(&[&x]);
+                    assert_eq!(want.len(), 3);
+                    let k = compile(&spec).unwrap();
+                    let what = format!("{op} {dt:?} {shape:?} axes {axes:?}");
+                    for par in [
+                        Parallelism::Serial,
+                        Parallelism::Chunks(3),
+                        Parallelism::Auto,
+                    ] {
+                        let got = run(&k, std::slice::from_ref(&x), par);
+                        check_reduce(&spec, &x, &got[0], &what);
+                        for j in [1, 2] {
+                            assert_eq!(got[j].len(), n, "{what}");
+                            assert!(
+                                got[j].iter().zip(&want[j]).all(|(a, b)| same(*a, *b)),
+                                "{what}: side output {j} ({par:?})"
+                            );
+                        }
                     }
                 }
             }

@@ -14,7 +14,10 @@
 //! depends on that group (which would make a cycle). Operands from
 //! outside a group are kernel inputs, read with broadcast strides; weak
 //! literal scalars are constants of the kernel. A reduction (`sum`, `max`,
-//! `min`, `prod`) of a group's only result closes the group. Groups over
+//! `min`, `prod`, `sum_to`) of a group's member closes the group; members
+//! used outside it are then the reduction's side outputs, written
+//! unreduced by the same kernel (not beside a reduction to one element,
+//! nor in a group running 256-bit routines, which only maps run). Groups over
 //! fewer than [`MIN_ELEMENTS`] elements with fewer than
 //! [`MIN_SMALL_MEMBERS`] members are left to the reference kernels: for
 //! small tensors one call costs about what it saves.
@@ -155,8 +158,9 @@ pub struct FusedKernel {
     /// The shape and dtype each input must have.
     input_types: Vec<(Vec<usize>, DType)>,
     dtype: DType,
-    out_shape: Vec<usize>,
-    n_outputs: usize,
+    /// The shape of each output (a reduction's side outputs have the
+    /// iteration shape).
+    out_shapes: Vec<Vec<usize>>,
 }
 
 /// The error of a kernel called with the wrong number of inputs.
@@ -199,12 +203,11 @@ impl NativeKernel for FusedKernel {
                 t.cast(self.dtype)
             });
         }
-        let n = self.out_shape.iter().product::<usize>();
         let outs: Vec<Tensor> = match self.dtype {
-            DType::F32 => self.run::<f32>(owned, n)?,
-            _ => self.run::<f64>(owned, n)?,
+            DType::F32 => self.run::<f32>(owned)?,
+            _ => self.run::<f64>(owned)?,
         };
-        Ok(if self.n_outputs == 1 {
+        Ok(if self.out_shapes.len() == 1 {
             Value::Tensor(outs.into_iter().next().expect("one output"))
         } else {
             Value::tuple(outs.into_iter().map(Value::Tensor).collect())
@@ -213,13 +216,15 @@ impl NativeKernel for FusedKernel {
 }
 
 impl FusedKernel {
-    fn run<T>(&self, mut inputs: Vec<Tensor>, n: usize) -> Result<Vec<Tensor>, RtError>
+    fn run<T>(&self, mut inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RtError>
     where
         T: crate::codegen::cpu::KernelElem + adjoint_runtime::tensor::Element + Default,
     {
         let fail =
             |e: crate::codegen::cpu::CodegenError| RtError::internal(format!("{}: {e}", self.name));
         let map = self.kernel.spec().reduce.is_none();
+        let lens: Vec<usize> = self.out_shapes.iter().map(|s| s.iter().product()).collect();
+        let n = lens[0];
         CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // An input that dies here, read at the output's own index and as
         // long as the output: the first output is written over it.
@@ -250,17 +255,19 @@ impl FusedKernel {
                     .ok_or_else(|| RtError::internal("fused kernel: bad buffer")),
             })
             .collect::<Result<_, _>>()?;
-        let bufs: Vec<Vec<T>> = if map {
-            // A map kernel writes every output element: no need to fill
-            // the buffers first.
+        let bufs: Vec<Vec<T>> = if !self.kernel.reduces_to_one() {
+            // The kernel writes every output element: no need to fill the
+            // buffers first.
             let first = usize::from(reused.is_some());
-            let mut bufs: Vec<Vec<T>> = (first..self.n_outputs)
-                .map(|_| Vec::with_capacity(n))
+            let mut bufs: Vec<Vec<T>> = lens[first..]
+                .iter()
+                .map(|&len| Vec::with_capacity(len))
                 .collect();
             {
                 let mut outs: Vec<&mut [std::mem::MaybeUninit<T>]> = bufs
                     .iter_mut()
-                    .map(|b| &mut b.spare_capacity_mut()[..n])
+                    .zip(&lens[first..])
+                    .map(|(b, &len)| &mut b.spare_capacity_mut()[..len])
                     .collect();
                 match reused.as_mut() {
                     Some((a, buf)) => self
@@ -270,24 +277,24 @@ impl FusedKernel {
                     None => self.kernel.run_uninit(&ins, &mut outs).map_err(fail)?,
                 }
             }
-            for b in &mut bufs {
-                // SAFETY: the kernel succeeded, so it wrote all `n`
+            for (b, &len) in bufs.iter_mut().zip(&lens[first..]) {
+                // SAFETY: the kernel succeeded, so it wrote all `len`
                 // elements of every output.
-                unsafe { b.set_len(n) };
+                unsafe { b.set_len(len) };
             }
             if let Some((_, buf)) = reused {
                 bufs.insert(0, buf);
             }
             bufs
         } else {
-            let mut bufs: Vec<Vec<T>> =
-                (0..self.n_outputs).map(|_| vec![T::default(); n]).collect();
+            let mut bufs: Vec<Vec<T>> = lens.iter().map(|&len| vec![T::default(); len]).collect();
             let mut outs: Vec<&mut [T]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
             self.kernel.run(&ins, &mut outs).map_err(fail)?;
             bufs
         };
         bufs.into_iter()
-            .map(|b| Tensor::from_vec(b, &self.out_shape))
+            .zip(&self.out_shapes)
+            .map(|(b, s)| Tensor::from_vec(b, s))
             .collect()
     }
 }
@@ -945,7 +952,8 @@ fn joinable(
             if k != 0 || f.dtype != tensor_type(types, *i)?.1 {
                 continue;
             }
-            // The reduced value must be the group's only result.
+            // Members used outside the group become side outputs of the
+            // reduction, which a reduction to one element cannot have.
             let only = f.members.iter().all(|mbr| {
                 !escapes.contains(mbr)
                     && users.get(mbr).is_none_or(|us| {
@@ -953,7 +961,11 @@ fn joinable(
                             .all(|u| *u == n || group_of_any(*u, forming, parent) == Some(gi))
                     })
             });
-            if !only {
+            if !only
+                && (shape.iter().product::<usize>() <= 1
+                    || wide_routines(cx, f)
+                    || std::env::var_os("ADJOINT_NO_SIDE_OUTPUTS").is_some_and(|v| v == "1"))
+            {
                 continue;
             }
         } else {
@@ -988,6 +1000,24 @@ fn joinable(
         }
     }
     None
+}
+
+/// Whether a member of `f` runs through a 256-bit routine
+/// ([`crate::codegen::cpu::has_wide_routine`]): only map kernels run
+/// them, so such a group stays a map rather than take in a reduction with
+/// side outputs (measured on GMM's gradient: the exponential of its
+/// log-sum-exp cost more inside the reduction's loop than the reduction's
+/// second pass over the map's result).
+fn wide_routines(cx: &Cx, f: &Forming) -> bool {
+    let Some(dtype) = kdtype(f.dtype) else {
+        return false;
+    };
+    f.members.iter().any(|mbr| {
+        matches!(
+            cx.m.applied_prim(*mbr).and_then(op_of),
+            Some(Op::Unary(u)) if crate::codegen::cpu::has_wide_routine(u, dtype)
+        )
+    })
 }
 
 /// The group a node belongs to, looked up in the members lists.
@@ -1162,47 +1192,40 @@ fn build(
     // the kernel's dtype.
     let mut outputs = Vec::new();
     let mut out_ids = Vec::new();
-    let out_shape;
+    let mut out_shapes = Vec::new();
     let spec_reduce;
     if let Some((r, rs)) = reduce {
-        // The reduced value must be the group's only result.
-        for &n in &f.members {
-            if n == r {
-                continue;
-            }
-            let outside = escapes.contains(&n)
-                || users
-                    .get(&n)
-                    .is_some_and(|us| us.iter().any(|u| !members.contains(u)));
-            if outside {
-                return None;
-            }
-        }
+        // The reduced value first; members used outside are its side
+        // outputs (`joinable` let the reduction in only when its result
+        // keeps more than one element).
         let (s, d, _) = tensor_type(types, r)?;
         if d != f.dtype {
             return None;
         }
         outputs.push(r);
         out_ids.push(id_of[&r]);
-        out_shape = s;
+        out_shapes.push(s);
         spec_reduce = Some(rs);
     } else {
-        for &n in &f.members {
-            let outside = escapes.contains(&n)
-                || users
-                    .get(&n)
-                    .is_some_and(|us| us.iter().any(|u| !members.contains(u)));
-            if outside {
-                let (_, d, _) = tensor_type(types, n)?;
-                if d != f.dtype {
-                    return None;
-                }
-                outputs.push(n);
-                out_ids.push(id_of[&n]);
-            }
-        }
-        out_shape = f.shape.clone();
         spec_reduce = None;
+    }
+    for &n in &f.members {
+        if outputs.first() == Some(&n) {
+            continue;
+        }
+        let outside = escapes.contains(&n)
+            || users
+                .get(&n)
+                .is_some_and(|us| us.iter().any(|u| !members.contains(u)));
+        if outside {
+            let (_, d, _) = tensor_type(types, n)?;
+            if d != f.dtype {
+                return None;
+            }
+            outputs.push(n);
+            out_ids.push(id_of[&n]);
+            out_shapes.push(f.shape.clone());
+        }
     }
     if outputs.is_empty() {
         return None;
@@ -1248,8 +1271,7 @@ fn build(
             name,
             input_types,
             dtype: f.dtype,
-            out_shape,
-            n_outputs: outputs.len(),
+            out_shapes,
         }),
         description,
         form: form::KernelForm::Fused(spec),

@@ -504,6 +504,16 @@ impl<'s> Gen<'s> {
         after
     }
 
+    /// Output `k`'s stride on loop `l`: a reduction's side outputs are
+    /// dense over the whole iteration space.
+    fn out_stride(&self, k: usize, l: usize) -> isize {
+        if k > 0 && self.plan.mode != Mode::Map {
+            self.plan.side_strides[l]
+        } else {
+            self.plan.out_strides[l]
+        }
+    }
+
     fn is_first_reduced(&self, l: usize) -> bool {
         self.plan.mode != Mode::Map && self.plan.reduced[l] && (l == 0 || !self.plan.reduced[l - 1])
     }
@@ -528,7 +538,8 @@ impl<'s> Gen<'s> {
                     .collect();
                 let op: Vec<Value> = outp
                     .iter()
-                    .map(|&p| g.offset(b, p, i, g.plan.out_strides[l]))
+                    .enumerate()
+                    .map(|(k, &p)| g.offset(b, p, i, g.out_stride(k, l)))
                     .collect();
                 g.level(b, l + 1, &ip, &op);
             });
@@ -887,10 +898,19 @@ impl<'s> Gen<'s> {
                 }
             })
             .collect();
-        let out_addrs: Vec<Value> = match self.plan.mode {
-            Mode::InnerReduce(_) => vec![],
-            _ => outp.iter().map(|&p| self.offset(b, p, i, 1)).collect(),
-        };
+        // Map outputs and side outputs at `i`; a reduced output's address
+        // (the row of an outer reduction) is `out_addrs[0]`.
+        let out_addrs: Vec<Value> = outp
+            .iter()
+            .enumerate()
+            .map(|(k, &p)| match self.plan.mode {
+                Mode::InnerReduce(_) if k == 0 => p,
+                Mode::InnerReduce(_) | Mode::OuterReduce(_) if k > 0 => {
+                    self.offset(b, p, i, self.plan.side_strides[last])
+                }
+                _ => self.offset(b, p, i, 1),
+            })
+            .collect();
         let bytes = (t.lanes as i64 * self.es) as i32;
         for k in 0..u {
             let off = bytes * k as i32;
@@ -914,8 +934,10 @@ impl<'s> Gen<'s> {
                     let mut e = E::new(b, t, &self.calls);
                     let new = e.reduce(op, old, outs[0]);
                     b.ins().store(self.flags, new, a, off);
+                    self.store_sides(b, &outs, &out_addrs, off);
                 }
                 Mode::InnerReduce(op) => {
+                    self.store_sides(b, &outs, &out_addrs, off);
                     let var = if t.is_vector() {
                         self.acc_vec[k]
                     } else {
@@ -927,6 +949,14 @@ impl<'s> Gen<'s> {
                     b.def_var(var, new);
                 }
             }
+        }
+    }
+
+    /// A reduction's side outputs (all outputs but the first) at their
+    /// addresses plus `off` bytes.
+    fn store_sides(&self, b: &mut FunctionBuilder, outs: &[Value], addrs: &[Value], off: i32) {
+        for (v, &a) in outs.iter().zip(addrs).skip(1) {
+            b.ins().store(self.flags, *v, a, off);
         }
     }
 

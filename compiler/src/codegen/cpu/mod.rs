@@ -92,6 +92,19 @@ pub const SPLIT_BLOCK: usize = 1 << 16;
 /// of a pairwise sum; the blocks' results are combined in f64.
 pub const SPLIT_BLOCK_F32: usize = 1 << 11;
 
+/// Whether kernels use the 256-bit routines unless told otherwise: yes,
+/// unless the environment sets `ADJOINT_NO_AVX2=1`.
+fn avx2_by_default() -> bool {
+    std::env::var_os("ADJOINT_NO_AVX2").is_none_or(|v| v != "1")
+}
+
+/// Whether a map computing `op` on `dtype` runs it through a 256-bit
+/// routine with the default options (in chunks; only maps do). Fusion
+/// keeps such maps out of reductions.
+pub fn has_wide_routine(op: UnaryOp, dtype: KDType) -> bool {
+    avx2_by_default() && avx2::routine(op, dtype).is_some()
+}
+
 /// Why compiling or running a kernel failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CodegenError {
@@ -327,10 +340,7 @@ pub fn compile_with(
     {
         builder.symbol(lc.symbol, lc.ptr);
     }
-    let use_avx2 = options
-        .avx2
-        .unwrap_or_else(|| std::env::var_os("ADJOINT_NO_AVX2").is_none_or(|v| v != "1"))
-        && avx2::available();
+    let use_avx2 = options.avx2.unwrap_or_else(avx2_by_default) && avx2::available();
     if use_avx2 {
         for (symbol, f) in avx2::all() {
             builder.symbol(symbol, f as *const u8);
@@ -526,22 +536,35 @@ impl CompiledKernel {
         self.run_with(inputs, outputs, Parallelism::Serial)
     }
 
-    /// Runs a map kernel (one without a reduction) into outputs that are
-    /// not initialised yet, on several threads for large kernels: a map
-    /// kernel writes every element of its outputs and reads none, so the
-    /// caller need not fill them first. Checks as [`CompiledKernel::run_with`].
+    /// Runs a kernel into outputs that are not initialised yet, on
+    /// several threads for large kernels. A map kernel writes every
+    /// element of its outputs and reads none; so does a reduction that
+    /// keeps some dimension (an outer reduction fills its output rows with
+    /// the identity before it accumulates into them). A reduction to one
+    /// element ([`CompiledKernel::reduces_to_one`]) needs
+    /// [`CompiledKernel::run`]. Checks as [`CompiledKernel::run_with`].
     pub fn run_uninit<T: KernelElem>(
         &self,
         inputs: &[&[T]],
         outputs: &mut [&mut [std::mem::MaybeUninit<T>]],
     ) -> Result<(), CodegenError> {
-        if self.spec.reduce.is_some() {
+        if self.reduces_to_one() {
             return Err(CodegenError::Buffers(
-                "a reducing kernel needs initialised outputs".into(),
+                "a reduction to one element needs initialised outputs".into(),
             ));
         }
         self.check::<T>(inputs, outputs.iter().map(|y| y.len()))?;
         let Some((plan, func)) = self.plan.as_ref().zip(self.func) else {
+            // An empty iteration space: a reduction's outputs (over
+            // nonempty kept dimensions) are its identity.
+            if let Some(r) = &self.spec.reduce {
+                let id = T::from_f64(r.op.identity());
+                for y in outputs.iter_mut().take(1) {
+                    y.iter_mut().for_each(|v| {
+                        v.write(id);
+                    });
+                }
+            }
             return Ok(());
         };
         let out_ptrs = outputs
@@ -550,6 +573,13 @@ impl CompiledKernel {
             .collect();
         self.run_map(plan, func, in_ptrs(inputs), out_ptrs, Parallelism::Auto);
         Ok(())
+    }
+
+    /// Whether this is a reduction whose plan splits the reduced loop
+    /// across calls ([`CompiledKernel::raw`]'s exception): its output is
+    /// combined from partial results.
+    pub fn reduces_to_one(&self) -> bool {
+        self.plan.as_ref().is_some_and(|p| p.is_split())
     }
 
     /// Whether input `i` of a map kernel is read at the output's own index
@@ -612,7 +642,7 @@ impl CompiledKernel {
 
     /// Checks the dtype, the number of buffers, that every input is long
     /// enough and every output (of lengths `out_lens`) has exactly
-    /// [`KernelSpec::output_len`] elements.
+    /// [`KernelSpec::output_len_of`] elements.
     fn check<T: KernelElem>(
         &self,
         inputs: &[&[T]],
@@ -644,8 +674,8 @@ impl CompiledKernel {
                 )));
             }
         }
-        let n_out = spec.output_len();
         for (i, len) in out_lens.enumerate() {
+            let n_out = spec.output_len_of(i);
             if len != n_out {
                 return Err(CodegenError::Buffers(format!(
                     "output {i} has {len} elements, expected {n_out}"

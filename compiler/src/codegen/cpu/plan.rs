@@ -34,6 +34,9 @@ pub(crate) struct Plan {
     pub in_strides: Vec<Vec<isize>>,
     /// Per loop: the output stride in elements (0 on reduced loops).
     pub out_strides: Vec<isize>,
+    /// Per loop: the stride of a reduction's side outputs, which are dense
+    /// over the whole iteration space (`out_strides` for a map).
+    pub side_strides: Vec<isize>,
     /// The loop whose range is `[begin, end)` of the compiled function.
     pub par_dim: usize,
     /// Whether the innermost loop is vectorised.
@@ -54,6 +57,12 @@ impl Plan {
                 s *= spec.shape[d] as isize;
             }
         }
+        // Side outputs constrain the loops only when there are some.
+        let side_st = if spec.has_side_outputs() {
+            crate::codegen::kernel::InputSpec::contiguous(&spec.shape).strides
+        } else {
+            vec![0isize; nd]
+        };
         // Drop size-1 dimensions and merge contiguous ones in the natural
         // order first, then order the loops.
         let live: Vec<usize> = (0..nd).filter(|&d| spec.shape[d] != 1).collect();
@@ -78,6 +87,7 @@ impl Plan {
                 })
                 .collect(),
             out_strides: live.iter().map(|&d| out_st[d]).collect(),
+            side_strides: live.iter().map(|&d| side_st[d]).collect(),
             par_dim: 0,
             vector: false,
         };
@@ -113,6 +123,7 @@ impl Plan {
                 .map(|s| order.iter().map(|&d| s[d]).collect())
                 .collect(),
             out_strides: order.iter().map(|&d| nat.out_strides[d]).collect(),
+            side_strides: order.iter().map(|&d| nat.side_strides[d]).collect(),
             par_dim: 0,
             vector: false,
         };
@@ -132,7 +143,8 @@ impl Plan {
             }
         }
         let last = plan.dims.len() - 1;
-        plan.vector = plan.in_strides.iter().all(|s| matches!(s[last], 0 | 1));
+        plan.vector = plan.in_strides.iter().all(|s| matches!(s[last], 0 | 1))
+            && (!spec.has_side_outputs() || plan.side_strides[last] == 1);
         plan
     }
 
@@ -143,6 +155,7 @@ impl Plan {
             s.insert(0, 0);
         }
         self.out_strides.insert(0, 0);
+        self.side_strides.insert(0, 0);
     }
 
     /// Merges loop `k` into loop `k + 1` when both are kept or both are
@@ -155,12 +168,14 @@ impl Plan {
             let fits = |s: &[isize]| s[k] == s[k + 1] * n;
             if self.reduced[k] == self.reduced[k + 1]
                 && fits(&self.out_strides)
+                && fits(&self.side_strides)
                 && self.in_strides.iter().all(|s| fits(s))
             {
                 self.dims[k + 1] *= self.dims[k];
                 self.dims.remove(k);
                 self.reduced.remove(k);
                 self.out_strides.remove(k);
+                self.side_strides.remove(k);
                 for s in &mut self.in_strides {
                     s.remove(k);
                 }

@@ -246,6 +246,9 @@ pub fn retarget(m: &Module, roots: &[GraphId], plan: &mut Plan, device: &Arc<Cud
             // each: they stay on the CPU.
             KernelForm::Fused(spec)
                 if spec.shape.iter().product::<usize>() < crate::fuse::MIN_ELEMENTS => {}
+            // The CUDA generator has no side outputs yet: a reduction that
+            // also writes values unreduced stays on the CPU.
+            KernelForm::Fused(spec) if spec.has_side_outputs() => {}
             KernelForm::Fused(spec) => {
                 let name = format!("cuda:{}", g.kernel.name());
                 g.kernel = Arc::new(CudaFusedKernel::new(device.clone(), spec, name));
@@ -289,12 +292,16 @@ pub fn retarget(m: &Module, roots: &[GraphId], plan: &mut Plan, device: &Arc<Cud
 }
 
 /// The CUDA source of every fused kernel of a plan: `(group description,
-/// kernel)`, for `adjoint emit --stage cuda` and the NVRTC tests.
+/// kernel)`, for `adjoint emit --stage cuda` and the NVRTC tests. A
+/// reduction with side outputs has none (it runs on the CPU).
 pub fn plan_sources(plan: &Plan) -> Vec<(String, CudaKernel)> {
     plan.groups
         .iter()
         .filter_map(|g| match &g.form {
-            KernelForm::Fused(spec) => Some((g.description.clone(), generate(spec))),
+            KernelForm::Fused(spec) if !spec.has_side_outputs() => {
+                Some((g.description.clone(), generate(spec)))
+            }
+            KernelForm::Fused(_) => None,
             KernelForm::Matmul(..) | KernelForm::Epilogue | KernelForm::Scalar(_) => None,
         })
         .collect()
