@@ -28,6 +28,13 @@
 //! `--budget` seconds). Reported: the median, minimum and count of the
 //! per-evaluation times.
 //!
+//! Paired cases (`gmm_d10_pair`, `gmm_d20_pair`) evaluate two computations
+//! in turn, the GMM objective and then objective and gradient, a `tick`
+//! after each: reported besides are both medians and the median of the
+//! second's time over the first's, pair by pair, which a slow spell of a
+//! shared machine (slowing both sides of a pair) disturbs much less than
+//! the ratio of two cases timed one after the other.
+//!
 //! Compile time (the MLP case): "source to ready-to-run" is the time to
 //! load the file (parse, lower, differentiate: `load_file_with`) plus the
 //! time from calling `run_function` to the program's first line (`start`,
@@ -90,6 +97,10 @@ struct Case {
     entry: String,
     /// Whether to measure compile time (several extra runs).
     compile: bool,
+    /// Whether a repetition evaluates two computations in turn (two
+    /// `tick` lines): the second's time over the first's is reported
+    /// pair by pair.
+    paired: bool,
 }
 
 fn gmm_entry(root: &Path, set: &str, function: &str) -> String {
@@ -115,18 +126,28 @@ fn cases(root: &Path) -> Vec<Case> {
         file: "benches/programs/mlp.adj",
         entry: simple.clone(),
         compile: true,
+        paired: false,
     }];
     let gmm = [
-        ("d10_K25", "gmm_d10_grad", "gmm_d10_obj", "d=10 K=25 n=1000"),
-        ("d20_K50", "gmm_d20_grad", "gmm_d20_obj", "d=20 K=50 n=1000"),
+        (
+            "d10_K25",
+            ["gmm_d10_grad", "gmm_d10_obj", "gmm_d10_pair"],
+            "d=10 K=25 n=1000",
+        ),
+        (
+            "d20_K50",
+            ["gmm_d20_grad", "gmm_d20_obj", "gmm_d20_pair"],
+            "d=20 K=50 n=1000",
+        ),
     ];
-    for (set, grad_name, obj_name, size) in gmm {
+    for (set, [grad_name, obj_name, pair_name], size) in gmm {
         v.push(Case {
             name: grad_name,
             what: format!("GMM objective + gradient, f64, {size}"),
             file: "benches/programs/gmm.adj",
             entry: gmm_entry(root, set, "gradient_loop"),
             compile: false,
+            paired: false,
         });
         v.push(Case {
             name: obj_name,
@@ -134,6 +155,15 @@ fn cases(root: &Path) -> Vec<Case> {
             file: "benches/programs/gmm.adj",
             entry: gmm_entry(root, set, "objective_loop"),
             compile: false,
+            paired: false,
+        });
+        v.push(Case {
+            name: pair_name,
+            what: format!("GMM objective, then objective + gradient, in turn, f64, {size}"),
+            file: "benches/programs/gmm.adj",
+            entry: gmm_entry(root, set, "pair_loop"),
+            compile: false,
+            paired: true,
         });
     }
     v.push(Case {
@@ -142,6 +172,7 @@ fn cases(root: &Path) -> Vec<Case> {
         file: "benches/programs/loop_grad.adj",
         entry: simple.clone(),
         compile: false,
+        paired: false,
     });
     v.push(Case {
         name: "loop_fwd",
@@ -149,6 +180,7 @@ fn cases(root: &Path) -> Vec<Case> {
         file: "benches/programs/loop_fwd.adj",
         entry: simple.clone(),
         compile: false,
+        paired: false,
     });
     for (name, what, entry) in [
         (
@@ -168,6 +200,7 @@ fn cases(root: &Path) -> Vec<Case> {
             file: "benches/programs/loop_tensor.adj",
             entry: format!("    {entry}(REPS);\n"),
             compile: false,
+            paired: false,
         });
     }
     v.push(Case {
@@ -176,6 +209,7 @@ fn cases(root: &Path) -> Vec<Case> {
         file: "benches/programs/map.adj",
         entry: simple,
         compile: false,
+        paired: false,
     });
     v
 }
@@ -194,6 +228,7 @@ struct RunTimes {
 }
 
 fn run_case(root: &Path, case: &Case, mode: Mode, reps: usize) -> Result<RunTimes, String> {
+    let ticks = if case.paired { 2 * reps } else { reps };
     let entry = format!(
         "\nfn __bench_entry() {{\n{}}}\n",
         case.entry.replace("REPS", &reps.to_string())
@@ -230,8 +265,8 @@ fn run_case(root: &Path, case: &Case, mode: Mode, reps: usize) -> Result<RunTime
             results.push(l.clone());
         }
     }
-    if iters.len() != reps {
-        return Err(format!("expected {reps} tick lines, got {}", iters.len()));
+    if iters.len() != ticks {
+        return Err(format!("expected {ticks} tick lines, got {}", iters.len()));
     }
     Ok(RunTimes {
         load,
@@ -410,6 +445,11 @@ fn main() {
                                 .join(", ")
                         ),
                     ];
+                    if let Some(p) = &m.pairs {
+                        fields.push(format!("\"first_median_s\": {}", json_num(p.first)));
+                        fields.push(format!("\"second_median_s\": {}", json_num(p.second)));
+                        fields.push(format!("\"pair_ratio\": {}", json_num(p.ratio)));
+                    }
                     if let Some(c) = &m.compile {
                         fields.push(format!("\"compile_s\": {}", json_num(c.total)));
                         fields.push(format!("\"compile_load_s\": {}", json_num(c.load)));
@@ -425,6 +465,12 @@ fn main() {
                         "{:14} {:>12.6} {:>12.6} {:>6}",
                         case.name, m.median, m.min, m.reps
                     );
+                    if let Some(p) = &m.pairs {
+                        println!(
+                            "{:14} {:>12.3}   (second/first pair by pair; medians {:.6} and {:.6})",
+                            "  ratio", p.ratio, p.second, p.first
+                        );
+                    }
                     if let Some(c) = &m.compile {
                         println!(
                             "{:14} {:>12.6}   (load {:.6} + prepare {:.6} + first-step extra {:.6})",
@@ -471,15 +517,51 @@ struct Measured {
     times: Vec<f64>,
     results: Vec<String>,
     compile: Option<Compile>,
+    /// For a paired case: the medians of the first and second
+    /// computations' times and the median of their ratios pair by pair.
+    pairs: Option<Pairs>,
+}
+
+struct Pairs {
+    first: f64,
+    second: f64,
+    ratio: f64,
+}
+
+/// A paired case's figures from its alternating times (the first pair
+/// left out when there are more than three, as one-off work may fall in
+/// it). `median` and `min` are the second computation's.
+fn measure_pairs(times: &[f64], results: Vec<String>) -> Measured {
+    let skip = if times.len() > 6 { 2 } else { 0 };
+    let steady = &times[skip..];
+    let first: Vec<f64> = steady.iter().step_by(2).copied().collect();
+    let second: Vec<f64> = steady.iter().skip(1).step_by(2).copied().collect();
+    let ratios: Vec<f64> = first.iter().zip(&second).map(|(a, b)| b / a).collect();
+    Measured {
+        median: median(&second),
+        min: second.iter().cloned().fold(f64::INFINITY, f64::min),
+        reps: second.len(),
+        times: steady.to_vec(),
+        results,
+        compile: None,
+        pairs: Some(Pairs {
+            first: median(&first),
+            second: median(&second),
+            ratio: median(&ratios),
+        }),
+    }
 }
 
 fn measure(root: &Path, case: &Case, opts: &Options) -> Result<Measured, String> {
     // A pilot run with one evaluation estimates its cost.
     let pilot = run_case(root, case, opts.mode, 1)?;
-    let one = pilot.iters[0].as_secs_f64().max(1e-9);
+    let one = secs(&pilot.iters).iter().sum::<f64>().max(1e-9);
     let reps = ((opts.budget / one).ceil() as usize).clamp(3, opts.max_reps.max(3));
     let run = run_case(root, case, opts.mode, reps)?;
     let times = secs(&run.iters);
+    if case.paired {
+        return Ok(measure_pairs(&times, run.results));
+    }
     // The first evaluation of a run may do one-off work: leave it out of
     // the steady state when there are enough of the others.
     let steady = if times.len() > 3 {
@@ -520,5 +602,6 @@ fn measure(root: &Path, case: &Case, opts: &Options) -> Result<Measured, String>
         times: steady.to_vec(),
         results: run.results,
         compile,
+        pairs: None,
     })
 }

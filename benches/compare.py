@@ -11,7 +11,10 @@ Cases (docs/benchmarks.md):
   2. ADBench GMM objective + gradient, f64, d=10 K=25 n=1000 and d=20 K=50;
   3. gradient of x <- sin(x)*x + 0.5 iterated 1000 steps, f64 scalar;
   4. y = tanh(2x+1)*sigmoid(x) - x/3 on 16M (2^24) f32;
-  5. gradient / objective time ratio on GMM;
+  5. gradient / objective time ratio on GMM: from the two cases' medians,
+     and timed in turn (the objective, then objective and gradient, the
+     ratio taken pair by pair, which a slow spell of the machine disturbs
+     less);
   6. compile time of the MLP train step (Adjoint: source to ready-to-run;
      JAX: first jit call minus the steady state; PyTorch: none, eager).
 
@@ -63,6 +66,8 @@ ROWS = [
     ("gmm_d20_obj", "   GMM objective only d=20 K=50"),
     ("gmm_d10_ratio", "5. GMM grad/objective ratio d=10"),
     ("gmm_d20_ratio", "5. GMM grad/objective ratio d=20"),
+    ("gmm_d10_pair_ratio", "5. the same d=10, timed in turn"),
+    ("gmm_d20_pair_ratio", "5. the same d=20, timed in turn"),
     ("mlp_compile", "6. MLP train step compile time"),
 ]
 
@@ -94,6 +99,25 @@ def time_fn(fn, budget, max_reps, min_reps=3, warmup=2):
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), len(times)
+
+
+def time_pair(first, second, budget, max_reps, min_reps=3, warmup=2):
+    """`first()` and `second()` timed in turn: the median of `second`'s
+    time over `first`'s, pair by pair (a slow spell of the machine slows
+    both sides of a pair)."""
+    for _ in range(warmup):
+        first()
+        second()
+    ratios = []
+    t_end = time.perf_counter() + budget
+    while len(ratios) < max_reps and (len(ratios) < min_reps or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        first()
+        t1 = time.perf_counter()
+        second()
+        t2 = time.perf_counter()
+        ratios.append((t2 - t1) / (t1 - t0))
+    return statistics.median(ratios)
 
 
 # --------------------------------------------------------------------- JAX
@@ -176,6 +200,9 @@ def bench_jax(cases, budget, max_reps, log):
         checks["gmm_" + short] = (float(v), float(sum(jnp.sum(t) for t in grads)))
         out["gmm_%s_grad" % short], _ = time_fn(lambda: jax.block_until_ready(vg(*args)), budget, max_reps)
         out["gmm_%s_obj" % short], _ = time_fn(lambda: jax.block_until_ready(obj(*args)), budget, max_reps)
+        out["gmm_%s_pair_ratio" % short] = time_pair(lambda: jax.block_until_ready(obj(*args)),
+                                                     lambda: jax.block_until_ready(vg(*args)),
+                                                     budget, max_reps)
         log("jax gmm %s done" % short)
 
     # 3: gradient through a 1000-step loop
@@ -293,6 +320,7 @@ def bench_torch(cases, budget, max_reps, log):
         checks["gmm_" + short] = (v, float(sum(t.sum() for t in grads)))
         out["gmm_%s_grad" % short], _ = time_fn(vg, budget, max_reps)
         out["gmm_%s_obj" % short], _ = time_fn(obj, budget, max_reps)
+        out["gmm_%s_pair_ratio" % short] = time_pair(obj, vg, budget, max_reps)
         log("torch gmm %s done" % short)
 
     if "loop_grad" in cases:
@@ -364,6 +392,9 @@ def bench_adjoint(cases, budget, max_reps, log):
             errors[r["case"]] = r["error"]
             continue
         out[r["case"]] = r["median_s"]
+        if "pair_ratio" in r:
+            # gmm_d10_pair: objective, then objective and gradient, in turn.
+            out[r["case"] + "_ratio"] = r["pair_ratio"]
         if "compile_s" in r:
             out[r["case"] + "_compile"] = r["compile_s"]
         vals = {}
@@ -476,8 +507,8 @@ def main():
         THREADS[0] = args.threads
     if args.quick:
         args.budget, args.max_reps = 0.5, 10
-    all_cases = ["mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d20_grad", "gmm_d20_obj", "loop_grad", "loop_fwd",
-                 "loop_tensor_grad", "loop_tensor_fwd", "map16m"]
+    all_cases = ["mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d10_pair", "gmm_d20_grad", "gmm_d20_obj",
+                 "gmm_d20_pair", "loop_grad", "loop_fwd", "loop_tensor_grad", "loop_tensor_fwd", "map16m"]
     cases = [c for c in all_cases if args.only is None or any(c.startswith(o) for o in args.only)]
 
     t_start = time.perf_counter()

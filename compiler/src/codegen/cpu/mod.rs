@@ -505,7 +505,7 @@ impl CompiledKernel {
     /// `inputs` must point to one pointer per spec input, each to a buffer
     /// of at least [`KernelSpec::input_len`] elements of the dtype;
     /// `outputs` to one pointer per output, each to
-    /// [`KernelSpec::output_len`] elements, not overlapping the inputs;
+    /// [`KernelSpec::output_len_of`] elements, not overlapping the inputs;
     /// `begin <= end <= outer_extent()`. Calls with disjoint ranges may run
     /// concurrently.
     ///
