@@ -529,8 +529,8 @@ struct Pairs {
 }
 
 /// A paired case's figures from its alternating times (the first pair
-/// left out when there are more than three, as one-off work may fall in
-/// it). `median` and `min` are the second computation's.
+/// left out when there are more than three pairs, as one-off work may
+/// fall in it). `median` and `min` are the second computation's.
 fn measure_pairs(times: &[f64], results: Vec<String>) -> Measured {
     let skip = if times.len() > 6 { 2 } else { 0 };
     let steady = &times[skip..];

@@ -1193,6 +1193,7 @@ fn build(
     let mut outputs = Vec::new();
     let mut out_ids = Vec::new();
     let mut out_shapes = Vec::new();
+    let reduced = reduce.as_ref().map(|(r, _)| *r);
     let spec_reduce;
     if let Some((r, rs)) = reduce {
         // The reduced value first; members used outside are its side
@@ -1210,7 +1211,7 @@ fn build(
         spec_reduce = None;
     }
     for &n in &f.members {
-        if outputs.first() == Some(&n) {
+        if reduced == Some(n) {
             continue;
         }
         let outside = escapes.contains(&n)

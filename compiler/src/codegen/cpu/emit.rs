@@ -906,7 +906,7 @@ impl<'s> Gen<'s> {
             .map(|(k, &p)| match self.plan.mode {
                 Mode::InnerReduce(_) if k == 0 => p,
                 Mode::InnerReduce(_) | Mode::OuterReduce(_) if k > 0 => {
-                    self.offset(b, p, i, self.plan.side_strides[last])
+                    self.offset(b, p, i, self.out_stride(k, last))
                 }
                 _ => self.offset(b, p, i, 1),
             })

@@ -143,8 +143,9 @@ impl Plan {
             }
         }
         let last = plan.dims.len() - 1;
+        // (Side strides are all 0 when there are no side outputs.)
         plan.vector = plan.in_strides.iter().all(|s| matches!(s[last], 0 | 1))
-            && (!spec.has_side_outputs() || plan.side_strides[last] == 1);
+            && matches!(plan.side_strides[last], 0 | 1);
         plan
     }
 
