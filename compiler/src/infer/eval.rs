@@ -297,6 +297,7 @@ fn run(
         cache: rustc_hash::FxHashMap::default(),
         frames: Vec::new(),
         in_progress: HashMap::default(),
+        speculating: false,
         epoch: 0,
         escaped: RefCell::new(HashSet::default()),
     };
@@ -356,6 +357,10 @@ struct Frame {
     self_dep: bool,
     /// Specialisations that became provisional while this one was evaluated.
     provisional: Vec<usize>,
+    /// Whether this call is one of several alternatives (a branch of an
+    /// `if` on a condition not known statically): the program may never
+    /// make it.
+    speculative: bool,
 }
 
 type Key = (GraphId, Vec<AbsVal>, Vec<AbsVal>);
@@ -375,6 +380,9 @@ struct Interp<'a> {
     frames: Vec<Frame>,
     /// For each graph, its specialisations in progress, outermost first.
     in_progress: HashMap<GraphId, Vec<usize>>,
+    /// Set just before [`Interp::call_graph`] for a call that is one of
+    /// several alternatives (see [`Frame::speculative`]); taken by it.
+    speculating: bool,
     epoch: u64,
     /// Graphs of closures that inference lost track of (see
     /// [`Types::is_escaped`]).
@@ -429,18 +437,32 @@ impl<'a> Interp<'a> {
     }
 
     /// Forgets the constants of a call of `g` that vary between it and the
-    /// calls of `g` in progress, once there are many of those or the
-    /// nesting is deep.
+    /// calls of `g` in progress, once there are many of those, the nesting
+    /// is deep, or the recursion goes through a branch taken on a condition
+    /// known only at run time (a `while` on data, a recursion that stops on
+    /// a float): following its constants step by step would specialise
+    /// iterations the program may never run (and report their errors, such
+    /// as a slice out of range at a counter value never reached), and
+    /// nested such loops would multiply their specialisations.
     fn widen(
         &self,
         g: GraphId,
         args: Vec<AbsVal>,
         captures: Vec<AbsVal>,
+        speculative: bool,
     ) -> (Vec<AbsVal>, Vec<AbsVal>) {
         let Some(ancestors) = self.in_progress.get(&g) else {
             return (args, captures);
         };
-        if ancestors.len() < WIDEN_AFTER && self.frames.len() < WIDEN_DEPTH {
+        let Some(&nearest) = ancestors.last() else {
+            return (args, captures);
+        };
+        let through_branch = speculative
+            || match self.specs[nearest].state {
+                State::InProgress(pos) => self.frames[pos + 1..].iter().any(|f| f.speculative),
+                _ => false,
+            };
+        if !through_branch && ancestors.len() < WIDEN_AFTER && self.frames.len() < WIDEN_DEPTH {
             return (args, captures);
         }
         let (mut args, mut captures) = (args, captures);
@@ -473,7 +495,8 @@ impl<'a> Interp<'a> {
                 ),
             ));
         }
-        let (args, captures) = self.widen(g, args, captures);
+        let speculative = std::mem::take(&mut self.speculating);
+        let (args, captures) = self.widen(g, args, captures, speculative);
         let key: Key = (g, args, captures);
         let id = match self.cache.get(&key) {
             Some(&id) => match self.specs[id].state {
@@ -524,11 +547,11 @@ impl<'a> Interp<'a> {
                 "program too deeply nested for type inference",
             ));
         }
-        self.run_spec(id).map(|v| (v, id))
+        self.run_spec(id, speculative).map(|v| (v, id))
     }
 
     /// Evaluates specialisation `id` to a fixpoint.
-    fn run_spec(&mut self, id: usize) -> Result<AbsVal, InferError> {
+    fn run_spec(&mut self, id: usize, speculative: bool) -> Result<AbsVal, InferError> {
         let g = self.specs[id].spec.graph;
         let pos = self.frames.len();
         self.frames.push(Frame {
@@ -536,6 +559,7 @@ impl<'a> Interp<'a> {
             deps: BTreeSet::new(),
             self_dep: false,
             provisional: Vec::new(),
+            speculative,
         });
         self.in_progress.entry(g).or_default().push(id);
         self.specs[id].state = State::InProgress(pos);
@@ -945,6 +969,7 @@ impl<'a> Interp<'a> {
                         results.push((AbsVal::Bottom, Some(*graph)));
                         continue;
                     }
+                    self.speculating = closures.len() > 1;
                     let (v, id) =
                         self.call_graph(*graph, args.clone(), captures.clone(), Some(site))?;
                     called.push(SpecId(id as u32));

@@ -78,28 +78,7 @@ fn walk(m: &Module, root: NodeId, queries: bool) -> bool {
     true
 }
 
-/// Whether two nodes compute the same value: the same node, equal
-/// constants, or the same operation on nodes that compute the same values
-/// (the IR has no side effects outside the IO token, which differs between
-/// IO operations).
-pub fn same_expr(m: &Module, a: NodeId, b: NodeId, depth: u32) -> bool {
-    if a == b {
-        return true;
-    }
-    if depth == 0 {
-        return false;
-    }
-    if let (Some(x), Some(y)) = (m.as_const(a), m.as_const(b)) {
-        return x == y;
-    }
-    let (ia, ib) = (m.inputs(a), m.inputs(b));
-    !ia.is_empty()
-        && ia.len() == ib.len()
-        && ia
-            .iter()
-            .zip(ib)
-            .all(|(x, y)| same_expr(m, *x, *y, depth - 1))
-}
+pub use crate::ir::analysis::same_expr;
 
 #[cfg(test)]
 mod tests {

@@ -134,8 +134,8 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         Prim::Le => binary(p, args, |a, b| Some((a <= b) as i64)),
         Prim::Gt => binary(p, args, |a, b| Some((a > b) as i64)),
         Prim::Ge => binary(p, args, |a, b| Some((a >= b) as i64)),
-        Prim::And => binary(p, args, |a, b| Some((a != 0 && b != 0) as i64)),
-        Prim::Or => binary(p, args, |a, b| Some((a != 0 || b != 0) as i64)),
+        Prim::And => logic(p, args, false),
+        Prim::Or => logic(p, args, true),
         Prim::Where => where_(&args[0], &args[1], &args[2]),
         Prim::Cast => cast(&args[0], &args[1]),
         Prim::Sum | Prim::Mean | Prim::Max | Prim::Min | Prim::Prod | Prim::Argmax => {
@@ -874,6 +874,32 @@ fn binary(p: Prim, args: &[AbsVal], fold: fn(i64, i64) -> Option<i64>) -> Rule {
     Ok(AbsVal::Tensor(out))
 }
 
+/// `and` (`or`): folded when both operands are known, and also when one
+/// is known to be all false (all true), whatever the other is: a loop
+/// `while s < tol && i < n` then stops at `i == n` for inference too.
+fn logic(p: Prim, args: &[AbsVal], absorbing: bool) -> Rule {
+    let fold: fn(i64, i64) -> Option<i64> = if absorbing {
+        |a, b| Some((a != 0 || b != 0) as i64)
+    } else {
+        |a, b| Some((a != 0 && b != 0) as i64)
+    };
+    let r = binary(p, args, fold)?;
+    let AbsVal::Tensor(out) = r else { return Ok(r) };
+    if out.value.is_some() || out.dtype != DType::Bool {
+        return Ok(AbsVal::Tensor(out));
+    }
+    let decides = |v: &AbsVal| {
+        v.as_tensor()
+            .and_then(|t| t.value.as_ref())
+            .is_some_and(|vs| !vs.is_empty() && vs.iter().all(|&e| (e != 0) == absorbing))
+    };
+    if args.iter().any(decides) {
+        let n: usize = out.shape.iter().product();
+        return Ok(AbsVal::Tensor(out.with_value(vec![absorbing as i64; n])));
+    }
+    Ok(AbsVal::Tensor(out))
+}
+
 fn where_(c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
     let op = "where";
     let (c, x, y) = (tensor(op, c)?, tensor(op, a)?, tensor(op, b)?);
@@ -1034,16 +1060,22 @@ fn index_comp(
             let known = k.map(|k| IndexComp::At(Some(k)));
             Ok((IndexComp::At(k.filter(|_| is_static(node))), known))
         }
-        AbsVal::Tuple(items) if items.len() == 2 => {
+        AbsVal::Tuple(items) if items.len() == 2 || items.len() == 3 => {
             let (lo, hi) = (bound(&items[0])?, bound(&items[1])?);
-            let win = node.and_then(|n| window(ctx, n));
+            // A window `e : e + c` lowered with its length (a third
+            // element): known wherever `c` is, even after `e` passed
+            // through parameters. Without it, look for the pattern.
+            let win = match items.get(2).and_then(AbsVal::const_int) {
+                Some(c) => Some((node.and_then(|n| ctx.module.inputs(n).get(1).copied()), c)),
+                None => node.and_then(|n| window(ctx, n)).map(|(lo, c)| (Some(lo), c)),
+            };
             let known = match (&lo, &hi) {
                 (Bound::Known(l), Bound::Known(h)) => Some(IndexComp::Slice(*l, *h)),
                 _ => None,
             };
             match (win, known) {
                 (Some((_, c)), _) if c < 0 => fail(format!("index: slice length {c} is negative")),
-                (Some((lo_node, c)), known) if known.is_none() || !is_static(Some(lo_node)) => {
+                (Some((lo_node, c)), known) if known.is_none() || !is_static(lo_node) => {
                     Ok((IndexComp::Window(c as usize), known))
                 }
                 (_, Some(k)) => Ok((k, Some(k))),

@@ -222,3 +222,28 @@ pub fn reachable_graphs_with(m: &Module, roots: &[GraphId], owned: &[Vec<NodeId>
     }
     order
 }
+
+/// Whether two nodes compute the same value: the same node, equal
+/// constants, or the same operation on nodes that compute the same values
+/// (the IR has no side effects outside the IO token, which differs between
+/// IO operations).
+pub fn same_expr(m: &Module, a: NodeId, b: NodeId, depth: u32) -> bool {
+    if a == b {
+        return true;
+    }
+    if depth == 0 {
+        return false;
+    }
+    if let (Some(x), Some(y)) = (m.as_const(a), m.as_const(b)) {
+        return x == y;
+    }
+    let (ia, ib) = (m.inputs(a), m.inputs(b));
+    !ia.is_empty()
+        && ia.len() == ib.len()
+        && ia
+            .iter()
+            .zip(ib)
+            .all(|(x, y)| same_expr(m, *x, *y, depth - 1))
+}
+
+

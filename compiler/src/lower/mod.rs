@@ -545,11 +545,38 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// For a slice `lo : hi` where `hi` is `lo + c` or `c + lo`: `c`.
+    fn window_len(&self, lo: NodeId, hi: NodeId) -> Option<NodeId> {
+        let m = &self.m;
+        if m.applied_prim(hi) != Some(Prim::Add) {
+            return None;
+        }
+        let &[_, x, y] = m.inputs(hi) else {
+            return None;
+        };
+        if crate::ir::analysis::same_expr(m, x, lo, 16) {
+            Some(y)
+        } else if crate::ir::analysis::same_expr(m, y, lo, 16) {
+            Some(x)
+        } else {
+            None
+        }
+    }
+
     /// A global function visible by plain name from `module`: its own, or
-    /// the prelude's.
+    /// the prelude's. The tangent rules (`stdlib/jvp.adj`) also see the
+    /// helpers of the reverse rules (`stdlib/bprop.adj`), so a rule shared
+    /// by both modes is written once.
     fn global_fn(&self, module: usize, name: &str) -> Option<FnKey> {
         if let Some(i) = self.mods[module].fns.get(name) {
             return Some(FnKey { module, item: *i });
+        }
+        if let (Some(j), Some(b)) = (self.jvp_mod, self.bprop_mod) {
+            if module == j {
+                if let Some(i) = self.mods[b].fns.get(name) {
+                    return Some(FnKey { module: b, item: *i });
+                }
+            }
         }
         let p = self.prelude?;
         self.mods[p].fns.get(name).map(|i| FnKey {
@@ -1067,7 +1094,16 @@ impl<'a> Lowerer<'a> {
                                 Some(h) => self.lower_expr(module, cx, h)?,
                                 None => self.unit(*span),
                             };
-                            args.push(self.prim(cx, Prim::MakeTuple, &[lo, hi], *span));
+                            // `e : e + c` also carries its length `c`,
+                            // which stays a constant where `e` is not, even
+                            // through the parameters of differentiated code
+                            // (see `docs/ir.md`).
+                            let len = self.window_len(lo, hi);
+                            let parts: &[NodeId] = match &len {
+                                Some(c) => &[lo, hi, *c],
+                                None => &[lo, hi],
+                            };
+                            args.push(self.prim(cx, Prim::MakeTuple, parts, *span));
                         }
                     }
                 }

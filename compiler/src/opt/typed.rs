@@ -75,12 +75,16 @@ impl Rewriter<'_> {
                         }
                         Some(self.m.add_prim(g, Prim::MakeTuple, &parts, loc))
                     }
-                    // A zero cotangent of a tensor: zeros of its type.
+                    // A zero cotangent of a tensor, or any cotangent of an
+                    // int or bool (they have no derivative): zeros of its type.
                     (Some(AbsVal::Tensor(t)), _)
-                        if !t.weak && self.m.applied_prim(d) == Some(Prim::Zero) =>
+                        if !t.weak
+                            && (self.m.applied_prim(d) == Some(Prim::Zero) || !t.dtype.is_float()) =>
                     {
                         Some(self.m.add_prim(g, Prim::ZerosLike, &[x], loc))
                     }
+                    // (A weak one: `grad_finalize` makes the zeros.)
+                    (Some(AbsVal::Tensor(t)), _) if !t.dtype.is_float() => None,
                     // A tensor cotangent of the value's exact type needs
                     // nothing filled in or cast.
                     (Some(AbsVal::Tensor(t)), _) => match types.value_of(d) {

@@ -223,6 +223,9 @@ fn finalize(d: &Value, x: &Value) -> Result<Value, RtError> {
     let op = "grad_finalize";
     match (d, x) {
         (Value::Zero, _) => zeros_like_value(x),
+        // Ints and bools have no derivative: whatever reached them (a cast
+        // back from a float, say) is not one.
+        (_, Value::Tensor(xt)) if !xt.dtype().is_float() => zeros_like_value(x),
         (Value::Tensor(dt), Value::Tensor(xt)) => {
             if dt.shape() != xt.shape() {
                 return err(format!(

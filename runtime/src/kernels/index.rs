@@ -113,7 +113,11 @@ pub(crate) fn component(op: &str, v: &Value, k: usize) -> Result<IndexComp, RtEr
                 v.kind()
             ))
         }),
-        Value::Tuple(b) if b.len() == 2 => Ok(IndexComp::Slice(bound(op, &b[0], k)?, bound(op, &b[1], k)?)),
+        // `(start, stop)`, or `(start, stop, len)` for a slice written
+        // `e : e + len` (the length is for the compiler; stop says it).
+        Value::Tuple(b) if b.len() == 2 || b.len() == 3 => {
+            Ok(IndexComp::Slice(bound(op, &b[0], k)?, bound(op, &b[1], k)?))
+        }
         _ => Err(RtError::new(format!(
             "{op}: expected an int or a slice in component {k}, got {}",
             v.kind()
