@@ -1093,16 +1093,29 @@ impl<'a> Ad<'a> {
         let out = self.call(jg, fr, &xs, loc);
         let bg = self.m.add_graph(format!("B.{name}"), loc);
         let dout = self.m.add_param(bg, "dout", loc);
+        // As for primitives: zero in, zeros out, so the rule (ordinary
+        // code, differentiated again for higher orders) only ever sees a
+        // concrete cotangent.
+        let zg = self.m.add_graph(format!("B.{name}.zero"), loc);
+        let zs: Vec<NodeId> = (0..=n).map(|_| self.zero(zg, loc)).collect();
+        self.output_tuple(zg, &zs, loc);
+        let cg = self.m.add_graph(format!("B.{name}.rule"), loc);
         let rr = self.gref(rule, loc);
         let mut args = xs.clone();
         args.push(out);
         args.push(dout);
-        let d = self.call(bg, rr, &args, loc);
-        let mut cots = vec![self.zero(bg, loc)];
+        let d = self.call(cg, rr, &args, loc);
+        let mut cots = vec![self.zero(cg, loc)];
         for i in 0..n {
-            cots.push(self.get(bg, d, i, loc));
+            cots.push(self.get(cg, d, i, loc));
         }
-        self.output_tuple(bg, &cots, loc);
+        self.output_tuple(cg, &cots, loc);
+        let z = self.prim(bg, Prim::IsZero, &[dout], loc);
+        let zr = self.gref(zg, loc);
+        let cr = self.gref(cg, loc);
+        let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
+        let r = self.call(bg, sw, &[], loc);
+        self.m.set_output(bg, r);
         let bgr = self.gref(bg, loc);
         self.output_tuple(jg, &[out, bgr], loc);
         Ok(jg)

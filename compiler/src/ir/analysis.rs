@@ -134,6 +134,12 @@ impl FreeVars {
     pub fn get(&self, g: GraphId) -> &[NodeId] {
         &self.of[g.index()]
     }
+
+    /// [`FreeVars::get`], or `None` for a graph made after the table was
+    /// computed (a pass that creates graphs reads a snapshot taken before).
+    pub fn try_get(&self, g: GraphId) -> Option<&[NodeId]> {
+        self.of.get(g.index()).map(Vec::as_slice)
+    }
 }
 
 pub fn free_variables(m: &Module) -> FreeVars {

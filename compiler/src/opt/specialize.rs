@@ -37,7 +37,11 @@ impl Rewriter<'_> {
     /// The known function `n` stands for, if any.
     fn known_function(&self, n: NodeId) -> Option<Known> {
         match self.m.as_const(n)? {
-            Const::Graph(k) if self.fv.get(*k).is_empty() => Some(Known::Graph(*k)),
+            // A graph made this round (a clone) is not in the snapshot of
+            // free variables: known from the next round on.
+            Const::Graph(k) if self.fv.try_get(*k).is_some_and(<[NodeId]>::is_empty) => {
+                Some(Known::Graph(*k))
+            }
             Const::Prim(p) => Some(Known::Prim(*p)),
             _ => None,
         }
