@@ -223,6 +223,10 @@ struct Ad<'a> {
     f_zeros: HashMap<GraphId, NodeId>,
     /// `|_, p| p[i]` by `i`, for splitting the results of `tree_map`.
     tree_picks: HashMap<usize, GraphId>,
+    /// The keyed free variables (see [`Keyed`]) of the `J'` graphs being
+    /// built, innermost last: closures made in a loop mark their uses of
+    /// them too, so a use inside such a closure is a use by the loop.
+    loop_external: Vec<HashSet<NodeId>>,
     checks: Vec<Check>,
 }
 
@@ -257,6 +261,7 @@ impl<'a> Ad<'a> {
             f_tangent: HashMap::new(),
             f_zeros: HashMap::new(),
             tree_picks: HashMap::new(),
+            loop_external: Vec::new(),
             checks: Vec::new(),
         }
     }
@@ -621,7 +626,6 @@ impl<'a> Ad<'a> {
     /// The body of `J(f)` (`stacked` = None) or of `J'(f)` (`stacked` =
     /// the location asking for it), into the empty graph `jf`.
     fn j_body(&mut self, f: GraphId, jf: GraphId, stacked: Option<Loc>) -> R<()> {
-        let name = self.m.graph(f).name.clone();
         let floc = self.m.graph(f).loc;
         let params = self.m.graph(f).params.clone();
         let pnames = self.m.graph(f).param_names.clone();
@@ -630,16 +634,12 @@ impl<'a> Ad<'a> {
             self.node_map.insert(*p, jp);
             self.prov.origin.insert(jp, *p);
         }
-        let stack = stacked.map(|_| self.m.add_param(jf, "stack", floc));
-        let out = self.m.graph(f).output.expect("lowered graphs have outputs");
-        // In J'(f), the tail call, and the graphs it may call.
-        let tail: Option<Vec<GraphId>> = match stacked {
-            Some(_) => tail_callees(self.m, f, self.rules, self.effectful),
-            None => None,
-        };
-        let body = graph_body_with(self.m, f, &self.fv);
+        if stacked.is_some() {
+            self.m.add_param(jf, "stack", floc);
+        }
         // In J'(f), uses of the free variables that come from outside the
         // loop are marked with their environment keys (`ad_key`).
+        // So are, in a closure made inside such a loop, its uses of them.
         let mut keyed = Keyed::default();
         if stacked.is_some() {
             for &v in self.fv.get(f).to_vec().iter() {
@@ -648,7 +648,38 @@ impl<'a> Ad<'a> {
                     keyed.external.insert(v);
                 }
             }
+        } else {
+            for &v in self.fv.get(f) {
+                if self.loop_external.iter().any(|e| e.contains(&v)) {
+                    keyed.external.insert(v);
+                }
+            }
         }
+        self.loop_external.push(keyed.external.clone());
+        let r = self.j_body_keyed(f, jf, stacked, keyed);
+        self.loop_external.pop();
+        r
+    }
+
+    /// [`Ad::j_body`] once the keyed free variables are known.
+    fn j_body_keyed(
+        &mut self,
+        f: GraphId,
+        jf: GraphId,
+        stacked: Option<Loc>,
+        mut keyed: Keyed,
+    ) -> R<()> {
+        let name = self.m.graph(f).name.clone();
+        let floc = self.m.graph(f).loc;
+        let params = self.m.graph(f).params.clone();
+        let out = self.m.graph(f).output.expect("lowered graphs have outputs");
+        let stack = self.m.graph(jf).params.last().copied().filter(|_| stacked.is_some());
+        // In J'(f), the tail call, and the graphs it may call.
+        let tail: Option<Vec<GraphId>> = match stacked {
+            Some(_) => tail_callees(self.m, f, self.rules, self.effectful),
+            None => None,
+        };
+        let body = graph_body_with(self.m, f, &self.fv);
         let mut bps: HashMap<NodeId, NodeId> = HashMap::new();
         for &y in &body {
             if y == out && tail.is_some() {

@@ -565,16 +565,35 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
     // other would be a cotangent this kernel does not give.
     let marked: HashSet<NodeId> = marks.values().map(|(x, _)| *x).collect();
     let mut fv_floats = 0;
-    for &u in fv.get(g) {
-        if cx
-            .shape(u)
-            .and_then(|s| s.scalar())
-            .is_some_and(|(t, _)| t.is_float())
-        {
-            if !marked.contains(&u) {
-                return Err("a float free variable without a key".into());
+    // Every graph of the region is checked: the entry's table may not list
+    // what a member uses from outside (a member lifted, say).
+    let mut outside: Vec<NodeId> = fv.get(g).to_vec();
+    for &h in &r.order {
+        for &u in fv.get(h) {
+            let inside = m.node(u).graph.is_some_and(|o| members.contains(&o));
+            if !inside && !outside.contains(&u) {
+                outside.push(u);
             }
+        }
+    }
+    for &u in fv.get(g) {
+        if marked.contains(&u)
+            && cx.shape(u).and_then(|s| s.scalar()).is_some_and(|(t, _)| t.is_float())
+        {
             fv_floats += 1;
+        }
+    }
+    for u in outside {
+        if marked.contains(&u) {
+            continue;
+        }
+        // Unmarked, it must be known not to be a float (a use inside a
+        // closure made in the loop is not marked, and a value of unknown
+        // type may be one).
+        match cx.shape(u).and_then(|s| s.scalar()) {
+            Some((t, _)) if !t.is_float() => {}
+            Some(_) => return Err("a float free variable without a key".into()),
+            None => return Err("a free variable of unknown type".into()),
         }
     }
     let key_inputs: Vec<NodeId> = keys.iter().map(|(k, _)| marks[k].0).collect();
