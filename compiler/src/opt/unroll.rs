@@ -87,9 +87,33 @@ const MAX_DEPTH: usize = 64;
 /// Evaluates node `n` given the values of some nodes (`env`: parameters of
 /// the recursive graph); other nodes are evaluated from their inputs.
 fn eval(m: &Module, n: NodeId, env: &HashMap<NodeId, SVal>, depth: usize) -> SVal {
-    if let Some(v) = env.get(&n) {
+    eval_memo(m, n, env, &mut HashMap::default(), depth)
+}
+
+/// [`eval`], each node once: the graph is a DAG (`y = f(y) * g(y)` repeated
+/// k times reaches `y` 2^k ways as a tree).
+fn eval_memo(
+    m: &Module,
+    n: NodeId,
+    env: &HashMap<NodeId, SVal>,
+    memo: &mut HashMap<NodeId, SVal>,
+    depth: usize,
+) -> SVal {
+    if let Some(v) = env.get(&n).or_else(|| memo.get(&n)) {
         return v.clone();
     }
+    let v = eval_node(m, n, env, memo, depth);
+    memo.insert(n, v.clone());
+    v
+}
+
+fn eval_node(
+    m: &Module,
+    n: NodeId,
+    env: &HashMap<NodeId, SVal>,
+    memo: &mut HashMap<NodeId, SVal>,
+    depth: usize,
+) -> SVal {
     if depth > MAX_DEPTH {
         return SVal::Opaque;
     }
@@ -99,9 +123,36 @@ fn eval(m: &Module, n: NodeId, env: &HashMap<NodeId, SVal>, depth: usize) -> SVa
     let Some(p) = m.applied_prim(n) else {
         return SVal::Opaque;
     };
+    // Only structure and integer and boolean arithmetic are followed: the
+    // operands of anything else (float arithmetic) are never needed.
+    // (The primitives of `fold_scalar` and the structural ones.)
+    let followed = matches!(
+        p,
+        Prim::MakeTuple
+            | Prim::AdHide
+            | Prim::AdKey
+            | Prim::TupleLen
+            | Prim::TupleGet
+            | Prim::Add
+            | Prim::Sub
+            | Prim::Mul
+            | Prim::Neg
+            | Prim::Lt
+            | Prim::Le
+            | Prim::Gt
+            | Prim::Ge
+            | Prim::Eq
+            | Prim::Ne
+            | Prim::Not
+            | Prim::And
+            | Prim::Or
+    );
+    if !followed {
+        return SVal::Opaque;
+    }
     let args: Vec<SVal> = inputs[1..]
         .iter()
-        .map(|a| eval(m, *a, env, depth + 1))
+        .map(|a| eval_memo(m, *a, env, memo, depth + 1))
         .collect();
     match (p, args.as_slice()) {
         (Prim::MakeTuple, _) => SVal::Tuple(args),
