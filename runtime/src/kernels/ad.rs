@@ -940,7 +940,8 @@ mod tests {
         let rec = items[1].as_record().unwrap();
         assert_eq!(rec.get("w"), Some(&v(Tensor::weak_f64(2.0))));
         assert_eq!(rec.get("n"), Some(&v(Tensor::vector(vec![0i32, 0]))));
-        // A float cotangent of an int value is cast.
+        // An int value has no derivative: whatever reached it gives zeros
+        // of its type (issue 23: `vjp` used to return the cast cotangent).
         let r = call(
             "grad_finalize",
             &[
@@ -948,7 +949,7 @@ mod tests {
                 v(Tensor::vector(vec![1i64])),
             ],
         );
-        assert_eq!(r, v(Tensor::vector(vec![2i64])));
+        assert_eq!(r, v(Tensor::vector(vec![0i64])));
         // A weak cotangent of a strong value becomes strong.
         let r = call(
             "grad_finalize",
