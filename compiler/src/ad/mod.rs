@@ -1114,10 +1114,16 @@ impl<'a> Ad<'a> {
             });
         }
         let jg = self.m.add_graph(format!("J.{name}"), loc);
+        // Provenance, as for any J graph: run-time transforms of a closure
+        // of it take the transform off to find `f`.
+        self.prov.graphs.insert(jg, (1, f));
         let xs: Vec<NodeId> = (0..n)
             .map(|i| {
                 let nm = self.m.graph(f).param_names[i].clone();
-                self.m.add_param(jg, nm, loc)
+                let x = self.m.add_param(jg, nm, loc);
+                let orig = self.m.graph(f).params[i];
+                self.prov.origin.insert(x, orig);
+                x
             })
             .collect();
         let fr = self.gref(f, loc);
