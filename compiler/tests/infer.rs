@@ -305,6 +305,41 @@ fn a_loop_of_a_million_iterations_terminates_quickly() {
 }
 
 #[test]
+fn a_loop_on_data_is_not_specialised_per_iteration() {
+    // while x < 10.0 { i += 1; x = x * 2.0 }: the counter's values are
+    // not followed (the loop may stop at any of them), so the header has
+    // the call with i = 0 and one with i unknown, not one per iteration.
+    let mut ir = Ir::default();
+    let (main, p) = ir.graph("main", &["x"]);
+    let (header, h) = ir.graph("main.while", &["i", "x"]);
+    let (body, _) = ir.graph("main.body", &[]);
+    let (after, _) = ir.graph("main.after", &[]);
+    let ten = ir.float(10.0);
+    let c = ir.prim(header, Prim::Lt, &[h[1], ten]);
+    let r = ir.if_(header, c, body, after);
+    ir.ret(header, r);
+    let one = ir.int(1);
+    let next = ir.prim(body, Prim::Add, &[h[0], one]);
+    let two = ir.float(2.0);
+    let x2 = ir.prim(body, Prim::Mul, &[h[1], two]);
+    let hr = ir.gref(header);
+    let tail = ir.call(body, hr, &[next, x2]);
+    ir.ret(body, tail);
+    ir.ret(after, h[0]);
+    let zero = ir.int(0);
+    let hr = ir.gref(header);
+    let start = ir.call(main, hr, &[zero, p[0]]);
+    ir.ret(main, start);
+    let types = ir.infer(main, &[t(F64, &[])]).unwrap();
+    let counters: Vec<Option<i64>> = types
+        .specs_of(header)
+        .iter()
+        .map(|s| types.spec(*s).args[0].const_int())
+        .collect();
+    assert_eq!(counters, vec![Some(0), None]);
+}
+
+#[test]
 fn a_short_loop_is_specialised_per_iteration() {
     let (ir, main, header, _) = counted_loop(3);
     let types = ir.infer(main, &[t(F32, &[])]).unwrap();

@@ -1609,6 +1609,20 @@ mod tests {
     }
 
     #[test]
+    fn and_or_fold_on_an_absorbing_operand() {
+        let unknown = AbsVal::scalar(Bool);
+        let (f, t) = (AbsVal::bool(false), AbsVal::bool(true));
+        // `s < tol && i < n` is false once `i < n` is, whatever `s` is.
+        assert_eq!(run(Prim::And, &[unknown.clone(), f.clone()]), Ok(f.clone()));
+        assert_eq!(run(Prim::And, &[f.clone(), unknown.clone()]), Ok(f.clone()));
+        assert_eq!(run(Prim::Or, &[unknown.clone(), t.clone()]), Ok(t.clone()));
+        // The other operand decides: unknown.
+        assert_eq!(run(Prim::And, &[unknown.clone(), t.clone()]), Ok(unknown.clone()));
+        assert_eq!(run(Prim::Or, &[f, unknown.clone()]), Ok(unknown));
+        assert_eq!(run(Prim::And, &[t.clone(), t.clone()]), Ok(t));
+    }
+
+    #[test]
     fn reductions() {
         let x = f32s(&[2, 3, 4]);
         let f = AbsVal::bool(false);
