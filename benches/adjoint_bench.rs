@@ -175,6 +175,14 @@ fn cases(root: &Path) -> Vec<Case> {
         paired: false,
     });
     v.push(Case {
+        name: "loop_grad2",
+        what: "second derivative (grad of grad) of the same loop, 1000 steps, f64 scalar".to_string(),
+        file: "benches/programs/loop_grad2.adj",
+        entry: simple.clone(),
+        compile: false,
+        paired: false,
+    });
+    v.push(Case {
         name: "loop_fwd",
         what: "x <- sin(x)*x + 0.5, 1000 steps, f64 scalar (forward only)".to_string(),
         file: "benches/programs/loop_fwd.adj",
