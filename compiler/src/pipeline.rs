@@ -339,7 +339,7 @@ impl Program {
         }
         let mut stats = crate::opt::optimize(&mut m, &roots, &opts);
         if let Some((g, args)) = &opts.entry {
-            stats.rewrite = self.rewrite(&mut m, *g, args);
+            stats.rewrite = self.rewrite(&mut m, *g, &roots, args);
         }
         (m, stats)
     }
@@ -351,6 +351,7 @@ impl Program {
         &self,
         m: &mut crate::ir::Module,
         entry: GraphId,
+        keep: &[GraphId],
         args: &[crate::infer::AbsVal],
     ) -> Option<crate::rewrite::Stats> {
         let load_type = self.load_type_fn();
@@ -369,7 +370,9 @@ impl Program {
                 return None;
             }
         };
-        let stats = crate::rewrite::rewrite(m, &[entry], &types, &Default::default());
+        // The graphs the optimiser kept besides the entry (the derivative
+        // rules, for run-time differentiation) stay whole.
+        let stats = crate::rewrite::rewrite(m, &[entry], keep, &types, &Default::default());
         if trace {
             for line in stats.describe() {
                 eprintln!("egg: {line}");

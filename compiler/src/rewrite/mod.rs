@@ -126,8 +126,16 @@ impl Stats {
 }
 
 /// Rewrites the graphs reachable from `roots` in place, given the types
-/// inference found for the module as it is.
-pub fn rewrite(m: &mut Module, roots: &[GraphId], types: &Types, opts: &Options) -> Stats {
+/// inference found for the module as it is. Graphs reachable from `keep`
+/// (as well as from `roots`) stay whole: code that is no longer used is
+/// detached only outside them.
+pub fn rewrite(
+    m: &mut Module,
+    roots: &[GraphId],
+    keep: &[GraphId],
+    types: &Types,
+    opts: &Options,
+) -> Stats {
     let t0 = Instant::now();
     let mut stats = Stats::default();
     let fv = free_variables(m);
@@ -149,7 +157,8 @@ pub fn rewrite(m: &mut Module, roots: &[GraphId], types: &Types, opts: &Options)
     }
     if !fwd.is_empty() {
         forward(m, &fwd);
-        crate::opt::detach_dead(m, roots);
+        let live: Vec<GraphId> = roots.iter().chain(keep).copied().collect();
+        crate::opt::detach_dead(m, &live);
     }
     stats.time = t0.elapsed();
     stats
