@@ -176,7 +176,8 @@ fn cases(root: &Path) -> Vec<Case> {
     });
     v.push(Case {
         name: "loop_grad2",
-        what: "second derivative (grad of grad) of the same loop, 1000 steps, f64 scalar".to_string(),
+        what: "second derivative (grad of grad) of the same loop, 1000 steps, f64 scalar"
+            .to_string(),
         file: "benches/programs/loop_grad2.adj",
         entry: simple.clone(),
         compile: false,

@@ -303,7 +303,12 @@ fn type_check(
         }
         vec![d]
     })?;
-    let failed = adjoint_compiler::checks::run(&program.lowered.checks, m, &types);
+    let failed = adjoint_compiler::checks::run(
+        &program.lowered.checks,
+        m,
+        &types,
+        &program.lowered.ad_provenance,
+    );
     if failed.is_empty() {
         Ok(())
     } else {

@@ -163,7 +163,9 @@ fn main() -> ExitCode {
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
         eprintln!("error: internal compiler error: {msg}{at}\nplease report this as a bug");
-        if std::env::var_os("ADJOINT_ICE_BACKTRACE").is_some() { eprintln!("{}", std::backtrace::Backtrace::force_capture()); }
+        if std::env::var_os("ADJOINT_ICE_BACKTRACE").is_some() {
+            eprintln!("{}", std::backtrace::Backtrace::force_capture());
+        }
     }));
     // This thread runs the VM: make it one of the kernel pool's workers,
     // so parallel kernels start here instead of waking other threads and

@@ -6,6 +6,7 @@
 use adjoint_lang::ast::{TypeExpr, TypeKind};
 use adjoint_lang::{Diagnostic, Span};
 use adjoint_runtime::tensor::DType;
+use std::collections::{HashMap, HashSet};
 
 use crate::infer::domain::AbsVal;
 use crate::infer::Types;
@@ -49,7 +50,22 @@ pub enum Check {
 }
 
 /// Runs every check; returns the diagnostics of those that fail.
-pub fn run(checks: &[Check], m: &Module, types: &Types) -> Vec<Diagnostic> {
+/// `prov` says which nodes the transforms made from which: a node that
+/// only runs transformed (a `grad` request inside code that `jvp`
+/// differentiates) is checked on the types of its copies.
+pub fn run(
+    checks: &[Check],
+    m: &Module,
+    types: &Types,
+    prov: &crate::ad::Provenance,
+) -> Vec<Diagnostic> {
+    let mut copies: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    for (&copy, &orig) in &prov.origin {
+        copies.entry(orig).or_default().push(copy);
+    }
+    for v in copies.values_mut() {
+        v.sort();
+    }
     let mut out = Vec::new();
     for c in checks {
         match c {
@@ -127,7 +143,8 @@ pub fn run(checks: &[Check], m: &Module, types: &Types) -> Vec<Diagnostic> {
                 }
             }
             Check::ScalarOutput { node, what, loc } => {
-                let Some(v) = value(m, types, *node) else {
+                let Some(v) = value(m, types, *node).or_else(|| copy_value(types, &copies, *node))
+                else {
                     continue;
                 };
                 let ok = match &v {
@@ -191,6 +208,23 @@ fn value(m: &Module, types: &Types, n: NodeId) -> Option<AbsVal> {
         Some(_) => None,
         None => types.value_of(n),
     }
+}
+
+/// The value of the first copy of `n` (or of a copy of a copy) that
+/// inference evaluated: a copy made by a transform holds `n`'s primal value.
+fn copy_value(types: &Types, copies: &HashMap<NodeId, Vec<NodeId>>, n: NodeId) -> Option<AbsVal> {
+    let mut stack: Vec<NodeId> = copies.get(&n).cloned().unwrap_or_default();
+    let mut seen: HashSet<NodeId> = HashSet::new();
+    while let Some(c) = stack.pop() {
+        if !seen.insert(c) {
+            continue;
+        }
+        if let Some(v) = types.value_of(c) {
+            return Some(v);
+        }
+        stack.extend(copies.get(&c).into_iter().flatten().copied());
+    }
+    None
 }
 
 /// The type of the first non-float leaf of `v`, if any.

@@ -16,11 +16,31 @@ pub struct Config {
 }
 
 pub const CONFIGS: [Config; 5] = [
-    Config { name: "eager", mode: "eager", env: &[] },
-    Config { name: "graph", mode: "graph", env: &[] },
-    Config { name: "graph+NO_SCALAR_JIT", mode: "graph", env: &[("ADJOINT_NO_SCALAR_JIT", "1")] },
-    Config { name: "graph+NO_TAPE", mode: "graph", env: &[("ADJOINT_NO_TAPE", "1")] },
-    Config { name: "graph+NO_SIDE_OUTPUTS", mode: "graph", env: &[("ADJOINT_NO_SIDE_OUTPUTS", "1")] },
+    Config {
+        name: "eager",
+        mode: "eager",
+        env: &[],
+    },
+    Config {
+        name: "graph",
+        mode: "graph",
+        env: &[],
+    },
+    Config {
+        name: "graph+NO_SCALAR_JIT",
+        mode: "graph",
+        env: &[("ADJOINT_NO_SCALAR_JIT", "1")],
+    },
+    Config {
+        name: "graph+NO_TAPE",
+        mode: "graph",
+        env: &[("ADJOINT_NO_TAPE", "1")],
+    },
+    Config {
+        name: "graph+NO_SIDE_OUTPUTS",
+        mode: "graph",
+        env: &[("ADJOINT_NO_SIDE_OUTPUTS", "1")],
+    },
 ];
 pub const EAGER: usize = 0;
 pub const GRAPH: usize = 1;
@@ -52,9 +72,17 @@ pub fn run_adjoint(opts: &CheckOpts, args: &[&str], env: &[(&str, &str)], dir: &
         let out = File::create(&out_p)?;
         let err = File::create(&err_p)?;
         let mut cmd = Command::new(&opts.adjoint);
-        cmd.args(args).current_dir(dir).stdin(Stdio::null()).stdout(out).stderr(err);
+        cmd.args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
         // the fuzzer's own environment must not switch optimisations off
-        for k in ["ADJOINT_NO_SCALAR_JIT", "ADJOINT_NO_TAPE", "ADJOINT_NO_SIDE_OUTPUTS"] {
+        for k in [
+            "ADJOINT_NO_SCALAR_JIT",
+            "ADJOINT_NO_TAPE",
+            "ADJOINT_NO_SIDE_OUTPUTS",
+        ] {
             cmd.env_remove(k);
         }
         for (k, v) in env {
@@ -86,7 +114,13 @@ pub fn run_adjoint(opts: &CheckOpts, args: &[&str], env: &[(&str, &str)], dir: &
                     break None;
                 }
                 let e = start.elapsed().as_millis();
-                std::thread::sleep(Duration::from_millis(if e < 50 { 2 } else if e < 1000 { 5 } else { 20 }));
+                std::thread::sleep(Duration::from_millis(if e < 50 {
+                    2
+                } else if e < 1000 {
+                    5
+                } else {
+                    20
+                }));
             }
             Err(_) => break None,
         }
@@ -193,10 +227,17 @@ fn first_error_line(stderr: &str) -> String {
 /// The kind of an error message, for grouping: `Error: broadcast_to: cannot
 /// broadcast f64[1] to []` -> `broadcast_to: cannot broadcast`.
 fn error_kind(msg: &str) -> String {
-    let m = msg.trim_start_matches("Error:").trim_start_matches("error:").trim();
+    let m = msg
+        .trim_start_matches("Error:")
+        .trim_start_matches("error:")
+        .trim();
     let words: Vec<&str> = m
         .split_whitespace()
-        .take_while(|w| !w.contains(['[', '`', '(', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9']))
+        .take_while(|w| {
+            !w.contains([
+                '[', '`', '(', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9',
+            ])
+        })
         .take(6)
         .collect();
     words.join(" ")
@@ -226,7 +267,11 @@ pub fn close(a: f64, b: f64, rel: f64, abs: f64) -> bool {
 type Lines = Vec<(String, PVal)>;
 
 fn parse_output(stdout: &str) -> Lines {
-    stdout.lines().filter(|l| !l.trim().is_empty()).map(parse_line).collect()
+    stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(parse_line)
+        .collect()
 }
 
 /// Compares the outputs of two configurations.
@@ -254,7 +299,10 @@ fn compare(a: &Lines, b: &Lines, an: &str, bn: &str, ai: usize, bi: usize) -> Op
         };
         if la != lb || va.shape_sig() != vb.shape_sig() {
             return Some(Failure {
-                class: format!("output differs {an} vs {bn}: structure of [{}]", label_group(la)),
+                class: format!(
+                    "output differs {an} vs {bn}: structure of [{}]",
+                    label_group(la)
+                ),
                 detail: format!("line {k}:\n  {an}: {la} {va:?}\n  {bn}: {lb} {vb:?}"),
                 configs: vec![ai, bi],
             });
@@ -292,7 +340,11 @@ fn inf_norm(a: &[f64]) -> f64 {
 fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool) {
     let mut fails = Vec::new();
     let mut fail = |class: &str, detail: String| {
-        fails.push(Failure { class: class.to_string(), detail, configs: vec![cfg] });
+        fails.push(Failure {
+            class: class.to_string(),
+            detail,
+            configs: vec![cfg],
+        });
     };
     let n = meta.v.len();
     let scalar = |l: &str| -> Option<f64> {
@@ -308,24 +360,35 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
     let t = scalar("jvp");
     if let Some(g) = &g {
         if g.len() != n {
-            fail("grad has the wrong size", format!("grad has {} numbers, the arguments {n}", g.len()));
+            fail(
+                "grad has the wrong size",
+                format!("grad has {} numbers, the arguments {n}", g.len()),
+            );
         }
     }
     let g = g.filter(|g| g.len() == n);
     // 1. <grad, v> = jvp tangent
     if let (Some(g), Some(t)) = (&g, t) {
         let gv = dot(g, &meta.v);
-        let scale = 1f64.max(t.abs()).max(g.iter().zip(&meta.v).map(|(a, b)| (a * b).abs()).sum());
+        let scale = 1f64
+            .max(t.abs())
+            .max(g.iter().zip(&meta.v).map(|(a, b)| (a * b).abs()).sum());
         if !(gv.is_finite() && t.is_finite()) || (gv - t).abs() > 1e-8 * scale {
             if gv.is_finite() || t.is_finite() {
-                fail("grad . v != jvp tangent", format!("<grad, v> = {gv:e}, jvp tangent = {t:e}\n  grad = {g:?}"));
+                fail(
+                    "grad . v != jvp tangent",
+                    format!("<grad, v> = {gv:e}, jvp tangent = {t:e}\n  grad = {g:?}"),
+                );
             }
         }
     }
     // vjp's primal equals f
     if let (Some(fx), Some(y)) = (fx, scalar("vjp_y")) {
         if !close(fx, y, 1e-12, 1e-12) {
-            fail("vjp primal != f", format!("f = {fx:e}, vjp's value = {y:e}"));
+            fail(
+                "vjp primal != f",
+                format!("f = {fx:e}, vjp's value = {y:e}"),
+            );
         }
     }
     // 4. pullback of u = u * grad; int / bool cotangents are 0
@@ -333,19 +396,38 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
         match pb {
             PVal::Tup(parts) if parts.len() == meta.n_float + meta.n_nondiff => {
                 let mut pf = Vec::new();
-                parts[..meta.n_float].iter().for_each(|p| p.flatten(&mut pf));
+                parts[..meta.n_float]
+                    .iter()
+                    .for_each(|p| p.flatten(&mut pf));
                 if let Some(g) = &g {
                     if pf.len() != n {
-                        fail("vjp cotangent has the wrong size", format!("{} numbers, expected {n}", pf.len()));
+                        fail(
+                            "vjp cotangent has the wrong size",
+                            format!("{} numbers, expected {n}", pf.len()),
+                        );
                     } else {
                         let ug: Vec<f64> = g.iter().map(|x| x * meta.u).collect();
                         let sc = 1f64.max(inf_norm(&ug));
-                        if pf.iter().zip(&ug).any(|(a, b)| !close(*a, *b, 1e-9, 1e-9 * sc)) {
+                        if pf
+                            .iter()
+                            .zip(&ug)
+                            .any(|(a, b)| !close(*a, *b, 1e-9, 1e-9 * sc))
+                        {
                             // transposition: <pb(u), v> vs u * jvp
-                            let tr = t.map(|t| format!("\n  <pb(u), v> = {:e}, u * jvp = {:e}", dot(&pf, &meta.v), meta.u * t));
+                            let tr = t.map(|t| {
+                                format!(
+                                    "\n  <pb(u), v> = {:e}, u * jvp = {:e}",
+                                    dot(&pf, &meta.v),
+                                    meta.u * t
+                                )
+                            });
                             fail(
                                 "vjp pullback != u * grad",
-                                format!("u = {}\n  pb(u)    = {pf:?}\n  u * grad = {ug:?}{}", meta.u, tr.unwrap_or_default()),
+                                format!(
+                                    "u = {}\n  pb(u)    = {pf:?}\n  u * grad = {ug:?}{}",
+                                    meta.u,
+                                    tr.unwrap_or_default()
+                                ),
                             );
                         }
                     }
@@ -362,7 +444,10 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
             }
             other => fail(
                 "vjp pullback has the wrong structure",
-                format!("expected a tuple of {} cotangents, got {other:?}", meta.n_float + meta.n_nondiff),
+                format!(
+                    "expected a tuple of {} cotangents, got {other:?}",
+                    meta.n_float + meta.n_nondiff
+                ),
             ),
         }
     }
@@ -398,7 +483,9 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
             if fd_applies && (!t.is_finite() || (t - d4).abs() > tol) {
                 fail(
                     "jvp/grad disagree with finite differences",
-                    format!("jvp tangent = {t:e}, central differences: h=1e-4 {d4:e}, h=1e-3 {d3:e}"),
+                    format!(
+                        "jvp tangent = {t:e}, central differences: h=1e-4 {d4:e}, h=1e-3 {d3:e}"
+                    ),
                 );
             }
             // 6. Hessian symmetry and the Hessian-vector product against
@@ -409,11 +496,19 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
                 if hv.len() == n && hw.len() == n {
                     let a = dot(&meta.w, hv);
                     let b = dot(&meta.v, hw);
-                    if !(a.is_finite() && b.is_finite()) || (a - b).abs() > 1e-7 * 1f64.max(a.abs()).max(b.abs()) {
-                        fail("Hessian not symmetric (<w, Hv> != <v, Hw>)", format!("<w, Hv> = {a:e}, <v, Hw> = {b:e}"));
+                    if !(a.is_finite() && b.is_finite())
+                        || (a - b).abs() > 1e-7 * 1f64.max(a.abs()).max(b.abs())
+                    {
+                        fail(
+                            "Hessian not symmetric (<w, Hv> != <v, Hw>)",
+                            format!("<w, Hv> = {a:e}, <v, Hw> = {b:e}"),
+                        );
                     }
                 } else {
-                    fail("hvp has the wrong size", format!("{} and {} numbers, expected {n}", hv.len(), hw.len()));
+                    fail(
+                        "hvp has the wrong size",
+                        format!("{} and {} numbers, expected {n}", hv.len(), hw.len()),
+                    );
                 }
             }
             let gfd = |k: usize| -> Option<Vec<f64>> {
@@ -422,7 +517,12 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
                 if p.len() != n || m.len() != n {
                     return None;
                 }
-                Some(p.iter().zip(&m).map(|(a, b)| (a - b) / (2.0 * h[k])).collect())
+                Some(
+                    p.iter()
+                        .zip(&m)
+                        .map(|(a, b)| (a - b) / (2.0 * h[k]))
+                        .collect(),
+                )
             };
             if let (true, Some(hv), Some(g4), Some(g3)) = (fd_applies, &hv, gfd(0), gfd(1)) {
                 if hv.len() == n {
@@ -436,14 +536,26 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
                         if p.len() != n || m.len() != n {
                             return None;
                         }
-                        Some((0..n).map(|i| (((p[i] - g0[i]) - (g0[i] - m[i])) / h[k]).abs()).fold(0.0, f64::max))
+                        Some(
+                            (0..n)
+                                .map(|i| (((p[i] - g0[i]) - (g0[i] - m[i])) / h[k]).abs())
+                                .fold(0.0, f64::max),
+                        )
                     };
                     let (s4, s3) = (gside(0).unwrap_or(0.0), gside(1).unwrap_or(0.0));
-                    let gkink = s4 > 0.3 * s3 + 1e-9 * (1.0 + g.as_ref().map(|g| inf_norm(g)).unwrap_or(0.0));
-                    if g4.iter().chain(&g3).all(|x| x.is_finite()) && dn <= 1e-3 * (1.0 + inf_norm(&g4)) && !gkink {
+                    let gkink = s4
+                        > 0.3 * s3 + 1e-9 * (1.0 + g.as_ref().map(|g| inf_norm(g)).unwrap_or(0.0));
+                    if g4.iter().chain(&g3).all(|x| x.is_finite())
+                        && dn <= 1e-3 * (1.0 + inf_norm(&g4))
+                        && !gkink
+                    {
                         hvp_skipped = false;
                         let tol = 1e-5 * (1.0 + inf_norm(hv)) + 0.05 * dn;
-                        if hv.iter().zip(&g4).any(|(a, b)| !a.is_finite() || (a - b).abs() > tol) {
+                        if hv
+                            .iter()
+                            .zip(&g4)
+                            .any(|(a, b)| !a.is_finite() || (a - b).abs() > tol)
+                        {
                             fail(
                                 "Hessian-vector product disagrees with finite differences of grad",
                                 format!("jvp of grad = {hv:?}\n  FD of grad (h=1e-4) = {g4:?}\n  FD of grad (h=1e-3) = {g3:?}"),
@@ -459,11 +571,25 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
 
 /// Runs `source` (written to `dir/prog.adj`) in the configurations
 /// `configs` and checks everything.
-pub fn check_program(source: &str, meta: &Meta, opts: &CheckOpts, configs: &[usize], dir: &Path) -> Outcome {
+pub fn check_program(
+    source: &str,
+    meta: &Meta,
+    opts: &CheckOpts,
+    configs: &[usize],
+    dir: &Path,
+) -> Outcome {
     let file = "prog.adj";
-    let mut out = Outcome { fd_skipped: true, hvp_skipped: true, ..Default::default() };
+    let mut out = Outcome {
+        fd_skipped: true,
+        hvp_skipped: true,
+        ..Default::default()
+    };
     if let Err(e) = std::fs::write(dir.join(file), source) {
-        out.failures.push(Failure { class: "fuzzer io error".into(), detail: e.to_string(), configs: vec![] });
+        out.failures.push(Failure {
+            class: "fuzzer io error".into(),
+            detail: e.to_string(),
+            configs: vec![],
+        });
         return out;
     }
     let start = Instant::now();
@@ -548,11 +674,22 @@ pub fn check_program(source: &str, meta: &Meta, opts: &CheckOpts, configs: &[usi
         let (ec, emsg) = &errs[0];
         let (oc, _) = &ok[0];
         out.failures.push(Failure {
-            class: format!("error in {} only (ok in {}): {}", CONFIGS[*ec].name, CONFIGS[*oc].name, error_kind(emsg)),
+            class: format!(
+                "error in {} only (ok in {}): {}",
+                CONFIGS[*ec].name,
+                CONFIGS[*oc].name,
+                error_kind(emsg)
+            ),
             detail: format!(
                 "fails in: {}\n  runs in: {}\n  {emsg}",
-                errs.iter().map(|(c, _)| CONFIGS[*c].name).collect::<Vec<_>>().join(", "),
-                ok.iter().map(|(c, _)| CONFIGS[*c].name).collect::<Vec<_>>().join(", ")
+                errs.iter()
+                    .map(|(c, _)| CONFIGS[*c].name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                ok.iter()
+                    .map(|(c, _)| CONFIGS[*c].name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             configs: vec![*ec, *oc],
         });
@@ -565,7 +702,11 @@ pub fn check_program(source: &str, meta: &Meta, opts: &CheckOpts, configs: &[usi
         } else {
             out.failures.push(Failure {
                 class: "different errors in different configurations".into(),
-                detail: errs.iter().map(|(c, m)| format!("{}: {m}", CONFIGS[*c].name)).collect::<Vec<_>>().join("\n  "),
+                detail: errs
+                    .iter()
+                    .map(|(c, m)| format!("{}: {m}", CONFIGS[*c].name))
+                    .collect::<Vec<_>>()
+                    .join("\n  "),
                 configs: errs.iter().map(|(c, _)| *c).take(2).collect(),
             });
         }

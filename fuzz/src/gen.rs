@@ -40,7 +40,10 @@ impl Ty {
             Ty::Bool => "bool".into(),
             Ty::Tup(ts) => format!(
                 "({})",
-                ts.iter().map(|t| t.annotation()).collect::<Vec<_>>().join(", ")
+                ts.iter()
+                    .map(|t| t.annotation())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             Ty::Rec(fs) => format!(
                 "{{ {} }}",
@@ -77,12 +80,19 @@ impl Val {
     pub fn random(ty: &Ty, rng: &mut Rng, lo: f64, hi: f64, digits: i32) -> Val {
         match ty {
             Ty::S => Val::S(rng.float(lo, hi, digits)),
-            Ty::V(n) => Val::T(vec![*n], (0..*n).map(|_| rng.float(lo, hi, digits)).collect()),
+            Ty::V(n) => Val::T(
+                vec![*n],
+                (0..*n).map(|_| rng.float(lo, hi, digits)).collect(),
+            ),
             Ty::M(a, b) => Val::T(
                 vec![*a, *b],
                 (0..a * b).map(|_| rng.float(lo, hi, digits)).collect(),
             ),
-            Ty::Tup(ts) => Val::Tup(ts.iter().map(|t| Val::random(t, rng, lo, hi, digits)).collect()),
+            Ty::Tup(ts) => Val::Tup(
+                ts.iter()
+                    .map(|t| Val::random(t, rng, lo, hi, digits))
+                    .collect(),
+            ),
             Ty::Rec(fs) => Val::Rec(
                 fs.iter()
                     .map(|(n, t)| (*n, Val::random(t, rng, lo, hi, digits)))
@@ -97,20 +107,37 @@ impl Val {
             Val::S(x) => fmt_f64(*x),
             Val::T(shape, xs) => {
                 if shape.len() == 1 {
-                    format!("[{}]", xs.iter().map(|x| fmt_f64(*x)).collect::<Vec<_>>().join(", "))
+                    format!(
+                        "[{}]",
+                        xs.iter()
+                            .map(|x| fmt_f64(*x))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
                 } else {
                     let cols = shape[1];
                     let rows: Vec<String> = xs
                         .chunks(cols)
-                        .map(|r| format!("[{}]", r.iter().map(|x| fmt_f64(*x)).collect::<Vec<_>>().join(", ")))
+                        .map(|r| {
+                            format!(
+                                "[{}]",
+                                r.iter().map(|x| fmt_f64(*x)).collect::<Vec<_>>().join(", ")
+                            )
+                        })
                         .collect();
                     format!("[{}]", rows.join(", "))
                 }
             }
-            Val::Tup(vs) => format!("({})", vs.iter().map(|v| v.lit()).collect::<Vec<_>>().join(", ")),
+            Val::Tup(vs) => format!(
+                "({})",
+                vs.iter().map(|v| v.lit()).collect::<Vec<_>>().join(", ")
+            ),
             Val::Rec(fs) => format!(
                 "{{{}}}",
-                fs.iter().map(|(n, v)| format!("{n}: {}", v.lit())).collect::<Vec<_>>().join(", ")
+                fs.iter()
+                    .map(|(n, v)| format!("{n}: {}", v.lit()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }
@@ -128,13 +155,19 @@ impl Val {
     pub fn axpy(&self, h: f64, d: &Val) -> Val {
         match (self, d) {
             (Val::S(x), Val::S(y)) => Val::S(x + h * y),
-            (Val::T(s, xs), Val::T(_, ys)) => {
-                Val::T(s.clone(), xs.iter().zip(ys).map(|(x, y)| x + h * y).collect())
+            (Val::T(s, xs), Val::T(_, ys)) => Val::T(
+                s.clone(),
+                xs.iter().zip(ys).map(|(x, y)| x + h * y).collect(),
+            ),
+            (Val::Tup(xs), Val::Tup(ys)) => {
+                Val::Tup(xs.iter().zip(ys).map(|(x, y)| x.axpy(h, y)).collect())
             }
-            (Val::Tup(xs), Val::Tup(ys)) => Val::Tup(xs.iter().zip(ys).map(|(x, y)| x.axpy(h, y)).collect()),
-            (Val::Rec(xs), Val::Rec(ys)) => {
-                Val::Rec(xs.iter().zip(ys).map(|((n, x), (_, y))| (*n, x.axpy(h, y))).collect())
-            }
+            (Val::Rec(xs), Val::Rec(ys)) => Val::Rec(
+                xs.iter()
+                    .zip(ys)
+                    .map(|((n, x), (_, y))| (*n, x.axpy(h, y)))
+                    .collect(),
+            ),
             _ => unreachable!("axpy of different structures"),
         }
     }
@@ -309,11 +342,18 @@ impl Gen {
     }
 
     fn items_of(&self, ty: &Ty) -> Vec<String> {
-        self.items().into_iter().filter(|(_, t)| t == ty).map(|(n, _)| n).collect()
+        self.items()
+            .into_iter()
+            .filter(|(_, t)| t == ty)
+            .map(|(n, _)| n)
+            .collect()
     }
 
     fn push_var(&mut self, name: &str, ty: Ty) {
-        self.env.push(Var { name: name.to_string(), ty });
+        self.env.push(Var {
+            name: name.to_string(),
+            ty,
+        });
     }
 
     // ---------------------------------------------------------------
@@ -330,8 +370,11 @@ impl Gen {
                 format!("({})", parts.join(", "))
             }
             Ty::Rec(fs) => {
-                let parts: Vec<String> =
-                    fs.clone().iter().map(|(n, t)| format!("{n}: {}", self.expr(t, d))).collect();
+                let parts: Vec<String> = fs
+                    .clone()
+                    .iter()
+                    .map(|(n, t)| format!("{n}: {}", self.expr(t, d)))
+                    .collect();
                 format!("{{{}}}", parts.join(", "))
             }
             Ty::Fn1 => self.fn_value(d),
@@ -350,9 +393,17 @@ impl Gen {
 
     fn leaf_s(&mut self) -> String {
         let items = self.items();
-        let ss: Vec<&String> = items.iter().filter(|(_, t)| *t == Ty::S).map(|(n, _)| n).collect();
+        let ss: Vec<&String> = items
+            .iter()
+            .filter(|(_, t)| *t == Ty::S)
+            .map(|(n, _)| n)
+            .collect();
         let ts: Vec<&(String, Ty)> = items.iter().filter(|(_, t)| t.is_tensor()).collect();
-        let ints: Vec<&String> = items.iter().filter(|(_, t)| *t == Ty::Int).map(|(n, _)| n).collect();
+        let ints: Vec<&String> = items
+            .iter()
+            .filter(|(_, t)| *t == Ty::Int)
+            .map(|(n, _)| n)
+            .collect();
         let r = self.rng.unit();
         if !ss.is_empty() && r < 0.75 {
             return self.rng.pick(&ss).to_string();
@@ -444,16 +495,20 @@ impl Gen {
         }
         let has_fn = !self.items_of(&Ty::Fn1).is_empty();
         let weights = [
-            2,                                                      // 0 leaf
-            4,                                                      // 1 unary
-            5,                                                      // 2 binary
-            3,                                                      // 3 reduction
-            1,                                                      // 4 index
-            1,                                                      // 5 if expression
-            if self.callables.is_empty() { 0 } else { 3 },         // 6 call
-            if self.transforms_left > 0 && d >= 2 { 2 } else { 0 }, // 7 nested transform
-            if has_fn { 2 } else { 0 },                             // 8 call a function value
-            if self.ho.is_empty() { 0 } else { 1 },                 // 9 higher-order helper
+            2,                                             // 0 leaf
+            4,                                             // 1 unary
+            5,                                             // 2 binary
+            3,                                             // 3 reduction
+            1,                                             // 4 index
+            1,                                             // 5 if expression
+            if self.callables.is_empty() { 0 } else { 3 }, // 6 call
+            if self.transforms_left > 0 && d >= 2 {
+                2
+            } else {
+                0
+            }, // 7 nested transform
+            if has_fn { 2 } else { 0 },                    // 8 call a function value
+            if self.ho.is_empty() { 0 } else { 1 },        // 9 higher-order helper
         ];
         match self.rng.weighted(&weights) {
             0 => self.leaf_s(),
@@ -614,7 +669,10 @@ impl Gen {
         }
         if r < 6 {
             self.feat("builtin_as_value");
-            return self.rng.pick(&["sin", "tanh", "sigmoid", "cos"]).to_string();
+            return self
+                .rng
+                .pick(&["sin", "tanh", "sigmoid", "cos"])
+                .to_string();
         }
         self.lambda(d)
     }
@@ -626,7 +684,11 @@ impl Gen {
         self.lambda_depth += 1;
         // make sure the parameter is used
         let body = self.expr_s(d.saturating_sub(1).max(1));
-        let body = if body.contains(&y) { body } else { format!("({body} * sin({y}))") };
+        let body = if body.contains(&y) {
+            body
+        } else {
+            format!("({body} * sin({y}))")
+        };
         self.lambda_depth -= 1;
         self.env.truncate(mark);
         self.feat("lambda");
@@ -715,16 +777,23 @@ impl Gen {
             return self.leaf_t(ty);
         }
         let v3 = *ty == Ty::V(3);
-        let has_vv = self.callables.iter().any(|c| matches!(c, Callable::VV(_) | Callable::VK(_)));
+        let has_vv = self
+            .callables
+            .iter()
+            .any(|c| matches!(c, Callable::VV(_) | Callable::VK(_)));
         let weights = [
-            2,                                                       // 0 leaf
-            4,                                                       // 1 unary
-            3,                                                       // 2 binary same type
-            2,                                                       // 3 binary with a scalar
-            1,                                                       // 4 where
-            4,                                                       // 5 construct
-            if v3 && has_vv { 2 } else { 0 },                        // 6 tensor helpers
-            if v3 && self.transforms_left > 0 && d >= 2 { 1 } else { 0 }, // 7 grad of a tensor fn
+            2,                                // 0 leaf
+            4,                                // 1 unary
+            3,                                // 2 binary same type
+            2,                                // 3 binary with a scalar
+            1,                                // 4 where
+            4,                                // 5 construct
+            if v3 && has_vv { 2 } else { 0 }, // 6 tensor helpers
+            if v3 && self.transforms_left > 0 && d >= 2 {
+                1
+            } else {
+                0
+            }, // 7 grad of a tensor fn
         ];
         match self.rng.weighted(&weights) {
             0 => self.leaf_t(ty),
@@ -965,7 +1034,11 @@ impl Gen {
                 _ => {
                     self.feat("take");
                     let m = self.expr_t(&Ty::M(2, 3), d1);
-                    format!("take({m}, [{}, {}], axis = 0)", self.rng.below(2), self.rng.below(2))
+                    format!(
+                        "take({m}, [{}, {}], axis = 0)",
+                        self.rng.below(2),
+                        self.rng.below(2)
+                    )
                 }
             },
             Ty::M(3, 2) => match self.rng.below(4) {
@@ -998,7 +1071,9 @@ impl Gen {
     /// A tensor expression that may be followed by a postfix index.
     fn paren_t(&mut self, ty: &Ty, d: u32) -> String {
         let t = self.expr_t(ty, d);
-        if t.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.') || t.starts_with('(') && matching_paren_is_last(&t)
+        if t.chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+            || t.starts_with('(') && matching_paren_is_last(&t)
         {
             t
         } else {
@@ -1012,7 +1087,11 @@ impl Gen {
         let r = self.rng.below(10);
         if r == 0 && !bools.is_empty() {
             let b = self.rng.pick(&bools).clone();
-            return if self.rng.chance(0.5) { b } else { format!("!{b}") };
+            return if self.rng.chance(0.5) {
+                b
+            } else {
+                format!("!{b}")
+            };
         }
         if r == 1 && !ints.is_empty() {
             let i = self.rng.pick(&ints).clone();
@@ -1063,18 +1142,18 @@ impl Gen {
     fn stmt(&mut self, nest: u32, ret: bool, in_loop: bool) {
         let lam = self.lambda_depth > 0;
         let weights = [
-            6,                                         // 0 let
-            if nest < 2 && !lam { 3 } else { 0 },      // 1 loop
-            if !lam { 2 } else { 0 },                  // 2 if statement
+            6,                                               // 0 let
+            if nest < 2 && !lam { 3 } else { 0 },            // 1 loop
+            if !lam { 2 } else { 0 },                        // 2 if statement
             if ret && self.rng.chance(0.5) { 1 } else { 0 }, // 3 early return
-            if in_loop { 4 } else { 2 },               // 4 closure
-            if !lam { 1 } else { 0 },                  // 5 local fn
-            1,                                         // 6 function chosen by if
-            1,                                         // 7 tuple of functions
-            1,                                         // 8 tree_map
-            1,                                         // 9 destructuring
-            if in_loop { 3 } else { 0 },               // 10 dynamic slice with a loop index
-            if in_loop { 2 } else { 0 },               // 11 break / continue
+            if in_loop { 4 } else { 2 },                     // 4 closure
+            if !lam { 1 } else { 0 },                        // 5 local fn
+            1,                                               // 6 function chosen by if
+            1,                                               // 7 tuple of functions
+            1,                                               // 8 tree_map
+            1,                                               // 9 destructuring
+            if in_loop { 3 } else { 0 },                     // 10 dynamic slice with a loop index
+            if in_loop { 2 } else { 0 },                     // 11 break / continue
         ];
         match self.rng.weighted(&weights) {
             0 => self.let_stmt(if self.small { 2 } else { 3 }),
@@ -1155,20 +1234,32 @@ impl Gen {
         self.feat("dynamic_slice");
         if self.rng.chance(0.5) {
             let v = self.leaf_t(&Ty::V(3));
-            let v = if v.starts_with('[') || v.contains(' ') { format!("({v})") } else { v };
+            let v = if v.starts_with('[') || v.contains(' ') {
+                format!("({v})")
+            } else {
+                v
+            };
             self.line(format!("let {j} = {i} % 2;"));
             self.line(format!("let {name} = {v}[{j} : {j} + 2];"));
             self.push_var(&name, Ty::V(2));
         } else {
             let v = self.leaf_t(&Ty::V(6));
-            let v = if v.starts_with('[') || v.contains(' ') { format!("({v})") } else { v };
+            let v = if v.starts_with('[') || v.contains(' ') {
+                format!("({v})")
+            } else {
+                v
+            };
             self.line(format!("let {j} = {i} % 4;"));
             self.line(format!("let {name} = {v}[{j} : {j} + 3];"));
             self.push_var(&name, Ty::V(3));
         }
         if self.rng.chance(0.3) {
             let v = self.leaf_t(&Ty::V(3));
-            let v = if v.starts_with('[') || v.contains(' ') { format!("({v})") } else { v };
+            let v = if v.starts_with('[') || v.contains(' ') {
+                format!("({v})")
+            } else {
+                v
+            };
             self.feat("dynamic_index");
             let name = self.fresh("di");
             self.line(format!("let {name} = {v}[{i} % 3];"));
@@ -1204,14 +1295,18 @@ impl Gen {
             let e2 = self.fresh("e");
             let src2 = self.expr(&ty, 1);
             self.feat("tree_map2");
-            self.line(format!("let {name} = tree_map(|{e}, {e2}| tanh({e} * {e2} + {c}), {src}, {src2});"));
+            self.line(format!(
+                "let {name} = tree_map(|{e}, {e2}| tanh({e} * {e2} + {c}), {src}, {src2});"
+            ));
         }
         self.push_var(&name, ty);
         if self.rng.chance(0.3) {
             self.feat("tree_sum");
             let s = self.fresh("ts");
             // tree_sum adds the leaves; sum the tensor leaves first
-            self.line(format!("let {s} = tree_sum(tree_map(|{e}| sum({e}), {name}));"));
+            self.line(format!(
+                "let {s} = tree_sum(tree_map(|{e}| sum({e}), {name}));"
+            ));
             self.push_var(&s, Ty::S);
         }
     }
@@ -1301,7 +1396,11 @@ impl Gen {
     fn if_stmt(&mut self, nest: u32, ret: bool, in_loop: bool) {
         self.feat("if_stmt");
         let m = self.fresh("m");
-        let ty = if self.rng.chance(0.75) { Ty::S } else { Ty::V(3) };
+        let ty = if self.rng.chance(0.75) {
+            Ty::S
+        } else {
+            Ty::V(3)
+        };
         let e = self.expr(&ty, 2);
         self.line(format!("let mut {m} = {e};"));
         self.push_var(&m, ty.clone());
@@ -1416,7 +1515,11 @@ impl Gen {
             self.feat("nested_loops");
         }
         let e = self.expr_s(2);
-        let e = if e.contains(&a) { e } else { format!("{e} + {a}") };
+        let e = if e.contains(&a) {
+            e
+        } else {
+            format!("{e} + {a}")
+        };
         self.line(format!("{a} = 0.6 * {a} + 0.4 * tanh({e});"));
         if let Some((st, ty)) = &carry {
             match ty {
@@ -1470,13 +1573,17 @@ impl Gen {
                 }
                 2 => {
                     lines.push(format!("fn {n}(x) = tanh(x)"));
-                    lines.push(format!("bprop {n}(x, out, dout) = (dout * (1.0 - out * out),);"));
+                    lines.push(format!(
+                        "bprop {n}(x, out, dout) = (dout * (1.0 - out * out),);"
+                    ));
                     self.callables.push(Callable::S1(n.clone()));
                     self.fn_values.push(n);
                 }
                 3 => {
                     lines.push(format!("fn {n}(a, b) = a * b"));
-                    lines.push(format!("bprop {n}(a, b, out, dout) = (dout * b, dout * a);"));
+                    lines.push(format!(
+                        "bprop {n}(a, b, out, dout) = (dout * b, dout * a);"
+                    ));
                     self.callables.push(Callable::S2(n));
                 }
                 4 => {
@@ -1521,8 +1628,12 @@ impl Gen {
             self.feat("mutual_recursion");
             let e = self.fresh("ev");
             let o = self.fresh("od");
-            lines.push(format!("fn {e}(x, k) = if k <= 0 {{ x }} else {{ {o}(sin(x) * 0.9, k - 1) }}"));
-            lines.push(format!("fn {o}(x, k) = if k <= 0 {{ tanh(x) }} else {{ {e}(x * x * 0.5 + 0.1, k - 1) }}"));
+            lines.push(format!(
+                "fn {e}(x, k) = if k <= 0 {{ x }} else {{ {o}(sin(x) * 0.9, k - 1) }}"
+            ));
+            lines.push(format!(
+                "fn {o}(x, k) = if k <= 0 {{ tanh(x) }} else {{ {e}(x * x * 0.5 + 0.1, k - 1) }}"
+            ));
             self.callables.push(Callable::SK(e));
         }
         if self.rng.chance(0.15) {
@@ -1592,7 +1703,11 @@ impl Gen {
     // The program.
 
     pub fn program(mut self) -> Program {
-        self.transforms_left = if self.rng.chance(0.6) { self.rng.int(1, 3) as u32 } else { 0 };
+        self.transforms_left = if self.rng.chance(0.6) {
+            self.rng.int(1, 3) as u32
+        } else {
+            0
+        };
         self.helpers();
         let helper_lines = std::mem::take(&mut self.out);
         // f's signature
@@ -1625,17 +1740,29 @@ impl Gen {
         let mut names: Vec<String> = Vec::new();
         for (i, t) in arg_tys.iter().enumerate() {
             let n = format!("a{i}");
-            params.push(if annotate { format!("{n}: {}", t.annotation()) } else { n.clone() });
+            params.push(if annotate {
+                format!("{n}: {}", t.annotation())
+            } else {
+                n.clone()
+            });
             self.push_var(&n, t.clone());
             names.push(n);
         }
         if has_int {
-            params.push(if annotate { "n: i64".into() } else { "n".into() });
+            params.push(if annotate {
+                "n: i64".into()
+            } else {
+                "n".into()
+            });
             self.push_var("n", Ty::Int);
             names.push("n".into());
         }
         if has_bool {
-            params.push(if annotate { "flag: bool".into() } else { "flag".into() });
+            params.push(if annotate {
+                "flag: bool".into()
+            } else {
+                "flag".into()
+            });
             self.push_var("flag", Ty::Bool);
             names.push("flag".into());
         }
@@ -1655,7 +1782,11 @@ impl Gen {
             });
         }
         self.ret_tail = format!(" + {}", arg_terms.join(" + "));
-        let n_stmts = if self.small { self.rng.int(1, 4) } else { self.rng.int(2, 7) };
+        let n_stmts = if self.small {
+            self.rng.int(1, 4)
+        } else {
+            self.rng.int(2, 7)
+        };
         for _ in 0..n_stmts {
             self.stmt(0, true, false);
         }
@@ -1676,9 +1807,18 @@ impl Gen {
         // main
         // five digits: ties between elements (kinks of max, min, abs at the
         // point itself, which finite differences cannot see) are unlikely
-        let xs: Vec<Val> = arg_tys.iter().map(|t| Val::random(t, &mut self.rng, -1.0, 1.0, 5)).collect();
-        let vs: Vec<Val> = arg_tys.iter().map(|t| Val::random(t, &mut self.rng, -1.0, 1.0, 2)).collect();
-        let ws: Vec<Val> = arg_tys.iter().map(|t| Val::random(t, &mut self.rng, -1.0, 1.0, 2)).collect();
+        let xs: Vec<Val> = arg_tys
+            .iter()
+            .map(|t| Val::random(t, &mut self.rng, -1.0, 1.0, 5))
+            .collect();
+        let vs: Vec<Val> = arg_tys
+            .iter()
+            .map(|t| Val::random(t, &mut self.rng, -1.0, 1.0, 2))
+            .collect();
+        let ws: Vec<Val> = arg_tys
+            .iter()
+            .map(|t| Val::random(t, &mut self.rng, -1.0, 1.0, 2))
+            .collect();
         let u = self.rng.float(-2.0, 2.0, 2);
         let u = if u == 0.0 { 0.5 } else { u };
         let n_val = self.rng.int(0, 3);
@@ -1704,9 +1844,17 @@ impl Gen {
         };
         let argnums = format!(
             "({})",
-            (0..n_float).map(|i| format!("{i},")).collect::<Vec<_>>().join(" ").trim_end_matches(',')
+            (0..n_float)
+                .map(|i| format!("{i},"))
+                .collect::<Vec<_>>()
+                .join(" ")
+                .trim_end_matches(',')
         );
-        let argnums = if n_float == 1 { "(0,)".to_string() } else { argnums };
+        let argnums = if n_float == 1 {
+            "(0,)".to_string()
+        } else {
+            argnums
+        };
         let pnames: Vec<String> = (0..n_float).map(|i| format!("p{i}")).collect();
         let ptuple = |xs: &[String]| -> String {
             if xs.len() == 1 {
@@ -1724,7 +1872,11 @@ impl Gen {
         let qnames: Vec<String> = (0..n_float).map(|i| format!("q{i}")).collect();
         let dnames: Vec<String> = (0..n_float).map(|i| format!("d{i}")).collect();
         let mut pre: Vec<String> = Vec::new();
-        pre.push(format!("fn df({}) = grad(f, argnums = {argnums})({})", all_args(&pnames), all_args(&pnames)));
+        pre.push(format!(
+            "fn df({}) = grad(f, argnums = {argnums})({})",
+            all_args(&pnames),
+            all_args(&pnames)
+        ));
         let mut hargs = all_args(&pnames);
         hargs.push_str(", ");
         hargs.push_str(&dnames.join(", "));
@@ -1758,21 +1910,38 @@ impl Gen {
         let hs = [1e-4, 1e-3];
         for (hi, h) in hs.iter().enumerate() {
             for (sign, tag) in [(1.0, "p"), (-1.0, "m")] {
-                let pts: Vec<String> = xs.iter().zip(&vs).map(|(x, v)| x.axpy(sign * h, v).lit()).collect();
-                main.push(format!("    print(\"fd{hi}{tag}\", f({}));", all_args(&pts)));
+                let pts: Vec<String> = xs
+                    .iter()
+                    .zip(&vs)
+                    .map(|(x, v)| x.axpy(sign * h, v).lit())
+                    .collect();
+                main.push(format!(
+                    "    print(\"fd{hi}{tag}\", f({}));",
+                    all_args(&pts)
+                ));
             }
         }
         main.push(format!("    print(\"hvp_v\", hvp({}));", with_dirs(&vs)));
         main.push(format!("    print(\"hvp_w\", hvp({}));", with_dirs(&ws)));
         for (hi, h) in hs.iter().enumerate() {
             for (sign, tag) in [(1.0, "p"), (-1.0, "m")] {
-                let pts: Vec<String> = xs.iter().zip(&vs).map(|(x, v)| x.axpy(sign * h, v).lit()).collect();
-                main.push(format!("    print(\"gfd{hi}{tag}\", df({}));", all_args(&pts)));
+                let pts: Vec<String> = xs
+                    .iter()
+                    .zip(&vs)
+                    .map(|(x, v)| x.axpy(sign * h, v).lit())
+                    .collect();
+                main.push(format!(
+                    "    print(\"gfd{hi}{tag}\", df({}));",
+                    all_args(&pts)
+                ));
             }
         }
         main.push("}".into());
 
-        let uses_sg = helper_lines.iter().chain(&f_lines).any(|l| l.contains("stop_gradient"));
+        let uses_sg = helper_lines
+            .iter()
+            .chain(&f_lines)
+            .any(|l| l.contains("stop_gradient"));
         let mut src = String::new();
         src.push_str("// generated by adjoint-fuzz\n");
         for l in helper_lines.iter().chain(&f_lines).chain(&pre) {
@@ -1783,7 +1952,11 @@ impl Gen {
             src.push_str(l);
             src.push('\n');
         }
-        if self.features.iter().any(|f| f.starts_with("nested_") || *f == "grad_of_fn_value") {
+        if self
+            .features
+            .iter()
+            .any(|f| f.starts_with("nested_") || *f == "grad_of_fn_value")
+        {
             self.feat("order3");
         }
         let mut v = Vec::new();

@@ -161,7 +161,11 @@ impl Summary {
         let _ = writeln!(s, "distinct failure classes: {}", classes.len());
         for (c, idx) in &classes {
             let shown: Vec<String> = idx.iter().take(12).map(|i| i.to_string()).collect();
-            let more = if idx.len() > 12 { format!(" (+{})", idx.len() - 12) } else { String::new() };
+            let more = if idx.len() > 12 {
+                format!(" (+{})", idx.len() - 12)
+            } else {
+                String::new()
+            };
             let min = self
                 .failing
                 .iter()
@@ -169,20 +173,42 @@ impl Summary {
                 .and_then(|r| r.minimised.as_ref())
                 .map(|p| format!("\n      minimised: {}", p.display()))
                 .unwrap_or_default();
-            let _ = writeln!(s, "  {:4} x {c}\n      programs: {}{more}{min}", idx.len(), shown.join(" "));
+            let _ = writeln!(
+                s,
+                "  {:4} x {c}\n      programs: {}{more}{min}",
+                idx.len(),
+                shown.join(" ")
+            );
         }
         let pct = 100.0 * self.gen_invalid.len() as f64 / self.programs.max(1) as f64;
-        let _ = writeln!(s, "generator invalid:     {} ({pct:.1}%)", self.gen_invalid.len());
+        let _ = writeln!(
+            s,
+            "generator invalid:     {} ({pct:.1}%)",
+            self.gen_invalid.len()
+        );
         let mut msgs: BTreeMap<&str, usize> = BTreeMap::new();
         for (_, m) in &self.gen_invalid {
             *msgs.entry(m.as_str()).or_default() += 1;
         }
         for (m, n) in msgs.iter().take(8) {
-            let ex: Vec<String> =
-                self.gen_invalid.iter().filter(|(_, x)| x == m).take(6).map(|(i, _)| i.to_string()).collect();
-            let _ = writeln!(s, "  {n} x {m}\n      programs: {} (saved as *.invalid.adj)", ex.join(" "));
+            let ex: Vec<String> = self
+                .gen_invalid
+                .iter()
+                .filter(|(_, x)| x == m)
+                .take(6)
+                .map(|(i, _)| i.to_string())
+                .collect();
+            let _ = writeln!(
+                s,
+                "  {n} x {m}\n      programs: {} (saved as *.invalid.adj)",
+                ex.join(" ")
+            );
         }
-        let _ = writeln!(s, "FD skipped (kink / discontinuity / non-finite): {}", self.fd_skipped);
+        let _ = writeln!(
+            s,
+            "FD skipped (kink / discontinuity / non-finite): {}",
+            self.fd_skipped
+        );
         let _ = writeln!(s, "HVP-vs-FD skipped:     {}", self.hvp_skipped);
         if !self.compile_secs.is_empty() {
             let mut c = self.compile_secs.clone();
@@ -290,7 +316,13 @@ pub fn run(opts: &Options) -> Summary {
                     let Some(&index) = indices.get(k) else { break };
                     let prog = gen::generate_sized(opts.seed, index, opts.small);
                     let co = opts.check_opts_for(index);
-                    let out = check_program(&prog.source, &prog.meta, &co, &opts.configs_for(index), &dir);
+                    let out = check_program(
+                        &prog.source,
+                        &prog.meta,
+                        &co,
+                        &opts.configs_for(index),
+                        &dir,
+                    );
                     if !out.failures.is_empty() {
                         let path = program_path(&opts.out, opts.seed, index);
                         let _ = std::fs::write(&path, &prog.source);
@@ -303,14 +335,20 @@ pub fn run(opts: &Options) -> Summary {
                             println!("FAIL #{index}: {}  ({})", f.class, path.display());
                         }
                     } else if opts.verbose {
-                        let st = if out.gen_invalid.is_some() { "generator-invalid" } else { "ok" };
+                        let st = if out.gen_invalid.is_some() {
+                            "generator-invalid"
+                        } else {
+                            "ok"
+                        };
                         println!("#{index}: {st} ({:.2} s)", out.run_secs);
                     }
                     if out.gen_invalid.is_some() {
-                        let path = program_path(&opts.out, opts.seed, index).with_extension("invalid.adj");
+                        let path =
+                            program_path(&opts.out, opts.seed, index).with_extension("invalid.adj");
                         let _ = std::fs::write(&path, &prog.source);
                     }
-                    if let (Some(m), true) = (&out.gen_invalid, opts.verbose || opts.only.is_some()) {
+                    if let (Some(m), true) = (&out.gen_invalid, opts.verbose || opts.only.is_some())
+                    {
                         println!("#{index}: rejected in every configuration: {m}");
                     }
                     results.lock().unwrap().push((index, prog, out));
@@ -320,7 +358,11 @@ pub fn run(opts: &Options) -> Summary {
     });
     let mut results = results.into_inner().unwrap();
     results.sort_by_key(|(i, _, _)| *i);
-    let mut summary = Summary { seed: opts.seed, programs: results.len(), ..Default::default() };
+    let mut summary = Summary {
+        seed: opts.seed,
+        programs: results.len(),
+        ..Default::default()
+    };
     for (index, prog, out) in &results {
         for f in &prog.features {
             *summary.features.entry(f).or_default() += 1;
@@ -358,7 +400,11 @@ pub fn run(opts: &Options) -> Summary {
         let mut todo: Vec<(usize, Failure)> = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         for (k, r) in summary.failing.iter().enumerate() {
-            let fresh: Vec<&Failure> = r.failures.iter().filter(|f| !seen.contains(&f.class)).collect();
+            let fresh: Vec<&Failure> = r
+                .failures
+                .iter()
+                .filter(|f| !seen.contains(&f.class))
+                .collect();
             if let Some(f) = fresh.first() {
                 todo.push((k, (*f).clone()));
             }
@@ -368,10 +414,12 @@ pub fn run(opts: &Options) -> Summary {
         }
         let next = AtomicUsize::new(0);
         let done: Mutex<Vec<(usize, PathBuf)>> = Mutex::new(Vec::new());
-        let by_index: BTreeMap<u64, &gen::Program> = results.iter().map(|(i, p, _)| (*i, p)).collect();
+        let by_index: BTreeMap<u64, &gen::Program> =
+            results.iter().map(|(i, p, _)| (*i, p)).collect();
         std::thread::scope(|s| {
             for w in 0..opts.jobs.max(1).min(todo.len()) {
-                let (next, done, todo, by_index, summary) = (&next, &done, &todo, &by_index, &summary);
+                let (next, done, todo, by_index, summary) =
+                    (&next, &done, &todo, &by_index, &summary);
                 s.spawn(move || {
                     let dir = opts.out.join(format!("shrink-{w}"));
                     let _ = std::fs::create_dir_all(&dir);
@@ -381,12 +429,18 @@ pub fn run(opts: &Options) -> Summary {
                         let r = &summary.failing[*ri];
                         let prog = by_index[&r.index];
                         let t0 = Instant::now();
-                        let (min, tries) = shrink::shrink(&prog.source, Duration::from_secs_f64(opts.shrink_secs), |c| {
-                            reproduces(c, &prog.meta, opts, f, &dir)
-                        });
+                        let (min, tries) = shrink::shrink(
+                            &prog.source,
+                            Duration::from_secs_f64(opts.shrink_secs),
+                            |c| reproduces(c, &prog.meta, opts, f, &dir),
+                        );
                         // the result must still fail (it does unless nothing reproduced)
                         let path = r.path.with_extension("min.adj");
-                        let header = format!("// minimised ({tries} tries, {:.0} s): {}\n", t0.elapsed().as_secs_f64(), f.class);
+                        let header = format!(
+                            "// minimised ({tries} tries, {:.0} s): {}\n",
+                            t0.elapsed().as_secs_f64(),
+                            f.class
+                        );
                         let _ = std::fs::write(&path, format!("{header}{min}"));
                         println!(
                             "shrunk #{} [{}]: {} -> {} lines: {}",

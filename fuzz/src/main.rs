@@ -36,7 +36,12 @@ usage: adjoint-fuzz [OPTIONS]
 ";
 
 fn default_adjoint() -> PathBuf {
-    for p in ["target/release/adjoint", "target/debug/adjoint", "../target/release/adjoint", "../target/debug/adjoint"] {
+    for p in [
+        "target/release/adjoint",
+        "target/debug/adjoint",
+        "../target/release/adjoint",
+        "../target/debug/adjoint",
+    ] {
         let p = PathBuf::from(p);
         if p.exists() {
             return p;
@@ -124,10 +129,17 @@ fn main() -> ExitCode {
             print!("{}", p.source);
             return ExitCode::SUCCESS;
         }
-        println!("program #{index} of seed {} ({} lines)", opts.seed, p.source.lines().count());
+        println!(
+            "program #{index} of seed {} ({} lines)",
+            opts.seed,
+            p.source.lines().count()
+        );
     }
     if !opts.adjoint.exists() && opts.adjoint.components().count() > 1 {
-        eprintln!("adjoint-fuzz: no adjoint executable at {}", opts.adjoint.display());
+        eprintln!(
+            "adjoint-fuzz: no adjoint executable at {}",
+            opts.adjoint.display()
+        );
         return ExitCode::from(2);
     }
     let summary = run(&opts);
@@ -162,7 +174,11 @@ fn reduce_file(opts: &Options, file: &std::path::Path, grep: &str, mode: &str) -
         eprintln!("adjoint-fuzz: the file does not print {grep:?}");
         return ExitCode::from(1);
     }
-    let (min, tries) = adjoint_fuzz::shrink::shrink(&src, std::time::Duration::from_secs_f64(opts.shrink_secs), fails);
+    let (min, tries) = adjoint_fuzz::shrink::shrink(
+        &src,
+        std::time::Duration::from_secs_f64(opts.shrink_secs),
+        fails,
+    );
     let out = file.with_extension("reduced.adj");
     let _ = std::fs::write(&out, &min);
     print!("{min}");

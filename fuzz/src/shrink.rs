@@ -6,7 +6,11 @@
 use std::time::{Duration, Instant};
 
 /// Shrinks `source` while `still_fails(candidate)` holds.
-pub fn shrink(source: &str, budget: Duration, mut still_fails: impl FnMut(&str) -> bool) -> (String, usize) {
+pub fn shrink(
+    source: &str,
+    budget: Duration,
+    mut still_fails: impl FnMut(&str) -> bool,
+) -> (String, usize) {
     let start = Instant::now();
     let mut lines: Vec<String> = source.lines().map(|l| l.to_string()).collect();
     let mut tries = 0usize;
@@ -35,7 +39,11 @@ pub fn shrink(source: &str, budget: Duration, mut still_fails: impl FnMut(&str) 
             if removed.iter().any(|(a, b)| i <= *b && j >= *a) {
                 continue;
             }
-            let shift: usize = removed.iter().filter(|(_, b)| *b < i).map(|(a, b)| b - a + 1).sum();
+            let shift: usize = removed
+                .iter()
+                .filter(|(_, b)| *b < i)
+                .map(|(a, b)| b - a + 1)
+                .sum();
             let (ii, jj) = (i - shift, j - shift);
             if jj >= lines.len() {
                 continue;
@@ -256,9 +264,14 @@ pub fn simplifications(line: &str) -> Vec<String> {
         }
         let name = &line[s..open];
         let parts = split_top(inner, b',');
-        let replace = |from: usize, with: &str| format!("{}({}){}", &line[..from], with.trim(), &line[close + 1..]);
+        let replace = |from: usize, with: &str| {
+            format!("{}({}){}", &line[..from], with.trim(), &line[close + 1..])
+        };
         if !name.is_empty() && !name.as_bytes()[0].is_ascii_digit() {
-            if matches!(name, "fn" | "print" | "grad" | "jvp" | "vjp" | "value_and_grad" | "if" | "while" | "for") {
+            if matches!(
+                name,
+                "fn" | "print" | "grad" | "jvp" | "vjp" | "value_and_grad" | "if" | "while" | "for"
+            ) {
                 continue;
             }
             if parts.len() == 1 && !inner.trim().is_empty() {
@@ -335,9 +348,15 @@ mod tests {
 
     #[test]
     fn tidies_parentheses() {
-        assert_eq!(drop_redundant_parens("let a = ((x)) + (y.0) * f(z) + (-0.5);"), "let a = x + y.0 * f(z) + (-0.5);");
+        assert_eq!(
+            drop_redundant_parens("let a = ((x)) + (y.0) * f(z) + (-0.5);"),
+            "let a = x + y.0 * f(z) + (-0.5);"
+        );
         assert_eq!(drop_redundant_parens("let (p, q) = t;"), "let (p, q) = t;");
-        assert_eq!(drop_redundant_parens("g(a)(b) + ((a + b))"), "g(a)(b) + (a + b)");
+        assert_eq!(
+            drop_redundant_parens("g(a)(b) + ((a + b))"),
+            "g(a)(b) + (a + b)"
+        );
     }
 
     #[test]

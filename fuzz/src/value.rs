@@ -36,11 +36,26 @@ impl PVal {
             PVal::Num(_, true) => "i".into(),
             PVal::Num(_, false) => "f".into(),
             PVal::Bool(b) => b.to_string(),
-            PVal::List(xs) => format!("[{}]", xs.iter().map(|x| x.shape_sig()).collect::<Vec<_>>().join(",")),
-            PVal::Tup(xs) => format!("({})", xs.iter().map(|x| x.shape_sig()).collect::<Vec<_>>().join(",")),
+            PVal::List(xs) => format!(
+                "[{}]",
+                xs.iter()
+                    .map(|x| x.shape_sig())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            PVal::Tup(xs) => format!(
+                "({})",
+                xs.iter()
+                    .map(|x| x.shape_sig())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             PVal::Rec(fs) => format!(
                 "{{{}}}",
-                fs.iter().map(|(n, x)| format!("{n}:{}", x.shape_sig())).collect::<Vec<_>>().join(",")
+                fs.iter()
+                    .map(|(n, x)| format!("{n}:{}", x.shape_sig()))
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
             PVal::Text(s) => format!("\"{s}\""),
         }
@@ -119,7 +134,11 @@ impl<'a> P<'a> {
                     let v = self.value()?;
                     fs.push((name, v));
                     if !self.eat(b',') {
-                        return if self.eat(b'}') { Some(PVal::Rec(fs)) } else { None };
+                        return if self.eat(b'}') {
+                            Some(PVal::Rec(fs))
+                        } else {
+                            None
+                        };
                     }
                 }
             }
@@ -147,7 +166,10 @@ impl<'a> P<'a> {
 
 /// Parses one printed value (the whole text).
 pub fn parse_value(text: &str) -> Option<PVal> {
-    let mut p = P { s: text.as_bytes(), i: 0 };
+    let mut p = P {
+        s: text.as_bytes(),
+        i: 0,
+    };
     let v = p.value()?;
     p.ws();
     if p.i == p.s.len() {
@@ -178,7 +200,13 @@ mod tests {
         assert_eq!(v.flat(), vec![1.0, 2.5e-3, 0.5, -1.0]);
         assert_eq!(v.shape_sig(), "{w:[f,f],b:(f,i)}");
         assert_eq!(parse_value("(1.0,)").unwrap().flat(), vec![1.0]);
-        assert_eq!(parse_value("[[1.0, 2.0], [3.0, nan]]").unwrap().flat().len(), 4);
+        assert_eq!(
+            parse_value("[[1.0, 2.0], [3.0, nan]]")
+                .unwrap()
+                .flat()
+                .len(),
+            4
+        );
         assert!(parse_value("-inf").unwrap().flat()[0].is_infinite());
         let (l, v) = parse_line("grad ((3.0, 2.0), [1.0, -1.0])");
         assert_eq!(l, "grad");

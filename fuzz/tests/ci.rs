@@ -40,8 +40,14 @@ fn adjoint_bin() -> PathBuf {
 fn fuzz_300_programs() {
     let bin = adjoint_bin();
     let mut opts = Options::new(bin.clone());
-    opts.seed = std::env::var("CI_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20240);
-    opts.count = std::env::var("CI_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    opts.seed = std::env::var("CI_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20240);
+    opts.count = std::env::var("CI_FUZZ_COUNT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
     opts.jobs = 2;
     opts.switches = Switches::Rotate;
     opts.switch_every = 3;
@@ -52,7 +58,12 @@ fn fuzz_300_programs() {
     opts.max_compile_secs = Some(if debug { 20.0 } else { 2.0 });
     opts.timeout_secs = if debug { 60.0 } else { 10.0 };
     opts.out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fuzz-ci");
-    println!("adjoint-fuzz CI: {} programs, seed {}, against {}", opts.count, opts.seed, bin.display());
+    println!(
+        "adjoint-fuzz CI: {} programs, seed {}, against {}",
+        opts.count,
+        opts.seed,
+        bin.display()
+    );
     let summary = run(&opts);
     summary.print();
     let classes = summary.classes();
@@ -65,5 +76,9 @@ fn fuzz_300_programs() {
         classes.keys().cloned().collect::<Vec<_>>().join("\n")
     );
     let invalid = summary.gen_invalid.len() as f64 / summary.programs.max(1) as f64;
-    assert!(invalid < 0.05, "{:.1}% of the programs were rejected in every configuration", 100.0 * invalid);
+    assert!(
+        invalid < 0.05,
+        "{:.1}% of the programs were rejected in every configuration",
+        100.0 * invalid
+    );
 }

@@ -673,7 +673,13 @@ impl<'a> Ad<'a> {
         let floc = self.m.graph(f).loc;
         let params = self.m.graph(f).params.clone();
         let out = self.m.graph(f).output.expect("lowered graphs have outputs");
-        let stack = self.m.graph(jf).params.last().copied().filter(|_| stacked.is_some());
+        let stack = self
+            .m
+            .graph(jf)
+            .params
+            .last()
+            .copied()
+            .filter(|_| stacked.is_some());
         // In J'(f), the tail call, and the graphs it may call.
         let tail: Option<Vec<GraphId>> = match stacked {
             Some(_) => tail_callees(self.m, f, self.rules, self.effectful),

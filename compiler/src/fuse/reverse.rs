@@ -578,7 +578,10 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
     }
     for &u in fv.get(g) {
         if marked.contains(&u)
-            && cx.shape(u).and_then(|s| s.scalar()).is_some_and(|(t, _)| t.is_float())
+            && cx
+                .shape(u)
+                .and_then(|s| s.scalar())
+                .is_some_and(|(t, _)| t.is_float())
         {
             fv_floats += 1;
         }

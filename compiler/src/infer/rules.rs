@@ -1067,7 +1067,9 @@ fn index_comp(
             // through parameters. Without it, look for the pattern.
             let win = match items.get(2).and_then(AbsVal::const_int) {
                 Some(c) => Some((node.and_then(|n| ctx.module.inputs(n).get(1).copied()), c)),
-                None => node.and_then(|n| window(ctx, n)).map(|(lo, c)| (Some(lo), c)),
+                None => node
+                    .and_then(|n| window(ctx, n))
+                    .map(|(lo, c)| (Some(lo), c)),
             };
             let known = match (&lo, &hi) {
                 (Bound::Known(l), Bound::Known(h)) => Some(IndexComp::Slice(*l, *h)),
@@ -1617,7 +1619,10 @@ mod tests {
         assert_eq!(run(Prim::And, &[f.clone(), unknown.clone()]), Ok(f.clone()));
         assert_eq!(run(Prim::Or, &[unknown.clone(), t.clone()]), Ok(t.clone()));
         // The other operand decides: unknown.
-        assert_eq!(run(Prim::And, &[unknown.clone(), t.clone()]), Ok(unknown.clone()));
+        assert_eq!(
+            run(Prim::And, &[unknown.clone(), t.clone()]),
+            Ok(unknown.clone())
+        );
         assert_eq!(run(Prim::Or, &[f, unknown.clone()]), Ok(unknown));
         assert_eq!(run(Prim::And, &[t.clone(), t.clone()]), Ok(t));
     }

@@ -251,5 +251,3 @@ pub fn same_expr(m: &Module, a: NodeId, b: NodeId, depth: u32) -> bool {
             .zip(ib)
             .all(|(x, y)| same_expr(m, *x, *y, depth - 1))
 }
-
-

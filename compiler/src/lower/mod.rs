@@ -574,7 +574,10 @@ impl<'a> Lowerer<'a> {
         if let (Some(j), Some(b)) = (self.jvp_mod, self.bprop_mod) {
             if module == j {
                 if let Some(i) = self.mods[b].fns.get(name) {
-                    return Some(FnKey { module: b, item: *i });
+                    return Some(FnKey {
+                        module: b,
+                        item: *i,
+                    });
                 }
             }
         }

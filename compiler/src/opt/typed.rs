@@ -79,7 +79,8 @@ impl Rewriter<'_> {
                     // int or bool (they have no derivative): zeros of its type.
                     (Some(AbsVal::Tensor(t)), _)
                         if !t.weak
-                            && (self.m.applied_prim(d) == Some(Prim::Zero) || !t.dtype.is_float()) =>
+                            && (self.m.applied_prim(d) == Some(Prim::Zero)
+                                || !t.dtype.is_float()) =>
                     {
                         Some(self.m.add_prim(g, Prim::ZerosLike, &[x], loc))
                     }
