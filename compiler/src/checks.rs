@@ -59,13 +59,8 @@ pub fn run(
     types: &Types,
     prov: &crate::ad::Provenance,
 ) -> Vec<Diagnostic> {
-    let mut copies: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
-    for (&copy, &orig) in &prov.origin {
-        copies.entry(orig).or_default().push(copy);
-    }
-    for v in copies.values_mut() {
-        v.sort();
-    }
+    // The copies of each node, built when a check first needs them.
+    let mut copies: Option<HashMap<NodeId, Vec<NodeId>>> = None;
     let mut out = Vec::new();
     for c in checks {
         match c {
@@ -143,8 +138,10 @@ pub fn run(
                 }
             }
             Check::ScalarOutput { node, what, loc } => {
-                let Some(v) = value(m, types, *node).or_else(|| copy_value(types, &copies, *node))
-                else {
+                let Some(v) = value(m, types, *node).or_else(|| {
+                    let copies = copies.get_or_insert_with(|| copies_of(prov));
+                    copy_value(types, copies, *node)
+                }) else {
                     continue;
                 };
                 let ok = match &v {
@@ -208,6 +205,19 @@ fn value(m: &Module, types: &Types, n: NodeId) -> Option<AbsVal> {
         Some(_) => None,
         None => types.value_of(n),
     }
+}
+
+/// For each node, the nodes the transforms made as copies of it (sorted,
+/// so that the first one evaluated is the same on every run).
+fn copies_of(prov: &crate::ad::Provenance) -> HashMap<NodeId, Vec<NodeId>> {
+    let mut copies: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    for (&copy, &orig) in &prov.origin {
+        copies.entry(orig).or_default().push(copy);
+    }
+    for v in copies.values_mut() {
+        v.sort();
+    }
+    copies
 }
 
 /// The value of the first copy of `n` (or of a copy of a copy) that

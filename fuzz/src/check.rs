@@ -276,27 +276,7 @@ fn parse_output(stdout: &str) -> Lines {
 
 /// Compares the outputs of two configurations.
 fn compare(a: &Lines, b: &Lines, an: &str, bn: &str, ai: usize, bi: usize) -> Option<Failure> {
-    for k in 0..a.len().max(b.len()) {
-        let (la, va) = match a.get(k) {
-            Some(x) => x,
-            None => {
-                return Some(Failure {
-                    class: format!("output differs {an} vs {bn}: line count"),
-                    detail: format!("{an} printed {} lines, {bn} {}", a.len(), b.len()),
-                    configs: vec![ai, bi],
-                })
-            }
-        };
-        let (lb, vb) = match b.get(k) {
-            Some(x) => x,
-            None => {
-                return Some(Failure {
-                    class: format!("output differs {an} vs {bn}: line count"),
-                    detail: format!("{an} printed {} lines, {bn} {}", a.len(), b.len()),
-                    configs: vec![ai, bi],
-                })
-            }
-        };
+    for (k, ((la, va), (lb, vb))) in a.iter().zip(b).enumerate() {
         if la != lb || va.shape_sig() != vb.shape_sig() {
             return Some(Failure {
                 class: format!(
@@ -320,7 +300,11 @@ fn compare(a: &Lines, b: &Lines, an: &str, bn: &str, ai: usize, bi: usize) -> Op
             }
         }
     }
-    None
+    (a.len() != b.len()).then(|| Failure {
+        class: format!("output differs {an} vs {bn}: line count"),
+        detail: format!("{an} printed {} lines, {bn} {}", a.len(), b.len()),
+        configs: vec![ai, bi],
+    })
 }
 
 fn get<'a>(lines: &'a Lines, label: &str) -> Option<&'a PVal> {

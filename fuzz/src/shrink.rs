@@ -152,22 +152,9 @@ pub fn drop_redundant_parens(line: &str) -> String {
             if matches!(prev, Some(c) if is_ident_byte(c) || c == b')' || c == b']' || c == b'"') {
                 continue;
             }
-            let mut depth = 0i32;
-            let mut close = None;
-            for (k, &c) in b.iter().enumerate().skip(open) {
-                match c {
-                    b'(' | b'[' | b'{' => depth += 1,
-                    b')' | b']' | b'}' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            close = Some(k);
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            let Some(close) = close else { continue };
+            let Some(close) = matching_close(b, open) else {
+                continue;
+            };
             let inner = &cur[open + 1..close];
             let simple = !inner.is_empty()
                 && inner.bytes().all(|c| is_ident_byte(c) || c == b'.')
@@ -240,22 +227,9 @@ pub fn simplifications(line: &str) -> Vec<String> {
             continue;
         }
         // matching close
-        let mut depth = 0i32;
-        let mut close = None;
-        for (k, &c) in b.iter().enumerate().skip(open) {
-            match c {
-                b'(' | b'[' | b'{' => depth += 1,
-                b')' | b']' | b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        close = Some(k);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let Some(close) = close else { continue };
+        let Some(close) = matching_close(b, open) else {
+            continue;
+        };
         let inner = &line[open + 1..close];
         // the name before the parenthesis, if any
         let mut s = open;
@@ -365,4 +339,22 @@ mod tests {
         let (out, _) = shrink(src, Duration::from_secs(5), |s| s.contains("bad"));
         assert_eq!(out, "    let bad = 2;\n");
     }
+}
+
+/// The position of the bracket closing the one at `open`, if any.
+fn matching_close(b: &[u8], open: usize) -> Option<usize> {
+    let mut depth = 0i32;
+    for (k, &c) in b.iter().enumerate().skip(open) {
+        match c {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }

@@ -943,10 +943,6 @@ impl<'a> Ad<'a> {
             let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(bg, loc)).collect();
             self.output_tuple(bg, &zs, loc);
         } else {
-            // Zero in, zeros out.
-            let zg = self.m.add_graph(format!("B.{}.zero", info.name), loc);
-            let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(zg, loc)).collect();
-            self.output_tuple(zg, &zs, loc);
             let cg = self.m.add_graph(format!("B.{}.rule", info.name), loc);
             let mut cots = vec![self.zero(cg, loc)];
             match rule {
@@ -963,16 +959,35 @@ impl<'a> Ad<'a> {
                 None => cots.extend(self.generated_rule(cg, p, &xs, dout)),
             }
             self.output_tuple(cg, &cots, loc);
-            let z = self.prim(bg, Prim::IsZero, &[dout], loc);
-            let zr = self.gref(zg, loc);
-            let cr = self.gref(cg, loc);
-            let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
-            let r = self.call(bg, sw, &[], loc);
-            self.m.set_output(bg, r);
+            self.zero_guarded(bg, dout, cg, arity, info.name, loc);
         }
         let bgr = self.gref(bg, loc);
         self.output_tuple(jg, &[out, bgr], loc);
         Ok(jg)
+    }
+
+    /// Finishes backpropagator `bg` with its cotangent `dout`: zero in, zeros
+    /// out. A symbolic zero gives the `arity + 1` zeros (the environment's
+    /// and each input's) without running `rule`, the graph (of no
+    /// parameters) that computes them from a concrete cotangent.
+    fn zero_guarded(
+        &mut self,
+        bg: GraphId,
+        dout: NodeId,
+        rule: GraphId,
+        arity: usize,
+        name: &str,
+        loc: Loc,
+    ) {
+        let zg = self.m.add_graph(format!("B.{name}.zero"), loc);
+        let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(zg, loc)).collect();
+        self.output_tuple(zg, &zs, loc);
+        let z = self.prim(bg, Prim::IsZero, &[dout], loc);
+        let zr = self.gref(zg, loc);
+        let cr = self.gref(rule, loc);
+        let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
+        let r = self.call(bg, sw, &[], loc);
+        self.m.set_output(bg, r);
     }
 
     /// `J(tree_map)` applied to `arity` arguments `(jf, t1, .., tk)`. The
@@ -1001,9 +1016,6 @@ impl<'a> Ad<'a> {
         let bg = self.m.add_graph("B.tree_map", loc);
         let dout = self.m.add_param(bg, "dout", loc);
         // Zero in, zeros out.
-        let zg = self.m.add_graph("B.tree_map.zero", loc);
-        let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(zg, loc)).collect();
-        self.output_tuple(zg, &zs, loc);
         let cg = self.m.add_graph("B.tree_map.rule", loc);
         let apply = self.m.add_graph("tree_map.apply", loc);
         let bp = self.m.add_param(apply, "bp", loc);
@@ -1019,12 +1031,7 @@ impl<'a> Ad<'a> {
             cots.push(self.tree_pick(cg, xs[1], res, i));
         }
         self.output_tuple(cg, &cots, loc);
-        let z = self.prim(bg, Prim::IsZero, &[dout], loc);
-        let zr = self.gref(zg, loc);
-        let cr = self.gref(cg, loc);
-        let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
-        let r = self.call(bg, sw, &[], loc);
-        self.m.set_output(bg, r);
+        self.zero_guarded(bg, dout, cg, arity, "tree_map", loc);
         let bgr = self.gref(bg, loc);
         self.output_tuple(jg, &[y, bgr], loc);
         jg
@@ -1136,12 +1143,9 @@ impl<'a> Ad<'a> {
         let out = self.call(jg, fr, &xs, loc);
         let bg = self.m.add_graph(format!("B.{name}"), loc);
         let dout = self.m.add_param(bg, "dout", loc);
-        // As for primitives: zero in, zeros out, so the rule (ordinary
-        // code, differentiated again for higher orders) only ever sees a
-        // concrete cotangent.
-        let zg = self.m.add_graph(format!("B.{name}.zero"), loc);
-        let zs: Vec<NodeId> = (0..=n).map(|_| self.zero(zg, loc)).collect();
-        self.output_tuple(zg, &zs, loc);
+        // Guarded as for primitives, so the rule (ordinary code,
+        // differentiated again for higher orders) only ever sees a concrete
+        // cotangent.
         let cg = self.m.add_graph(format!("B.{name}.rule"), loc);
         let rr = self.gref(rule, loc);
         let mut args = xs.clone();
@@ -1153,12 +1157,7 @@ impl<'a> Ad<'a> {
             cots.push(self.get(cg, d, i, loc));
         }
         self.output_tuple(cg, &cots, loc);
-        let z = self.prim(bg, Prim::IsZero, &[dout], loc);
-        let zr = self.gref(zg, loc);
-        let cr = self.gref(cg, loc);
-        let sw = self.prim(bg, Prim::Switch, &[z, zr, cr], loc);
-        let r = self.call(bg, sw, &[], loc);
-        self.m.set_output(bg, r);
+        self.zero_guarded(bg, dout, cg, n, &name, loc);
         let bgr = self.gref(bg, loc);
         self.output_tuple(jg, &[out, bgr], loc);
         Ok(jg)

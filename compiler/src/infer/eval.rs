@@ -482,6 +482,8 @@ impl<'a> Interp<'a> {
         captures: Vec<AbsVal>,
         site: Option<NodeId>,
     ) -> Result<(AbsVal, usize), InferError> {
+        // Taken first, so that no return leaves it set for another call.
+        let speculative = std::mem::take(&mut self.speculating);
         let graph = self.m.graph(g);
         let site_loc = site.map_or(graph.loc, |n| self.loc(n));
         if args.len() != graph.params.len() {
@@ -495,7 +497,6 @@ impl<'a> Interp<'a> {
                 ),
             ));
         }
-        let speculative = std::mem::take(&mut self.speculating);
         let (args, captures) = self.widen(g, args, captures, speculative);
         let key: Key = (g, args, captures);
         let id = match self.cache.get(&key) {

@@ -16,8 +16,9 @@ use adjoint_runtime::tensor::DType;
 
 use super::domain::{join, wrap, AbsTensor, AbsVal, MAX_CONST_ELEMS};
 use super::eval::LoadTypeFn;
-use super::provenance::{self, same_expr};
+use super::provenance;
 use super::InferError;
+use crate::ir::analysis::window_len;
 use crate::ir::{Const, Loc, Module, NodeId};
 use crate::prim::{Category, Prim};
 
@@ -1014,34 +1015,29 @@ fn bound(v: &AbsVal) -> Result<Bound, RuleError> {
         .map_or(Bound::Dynamic, |i| Bound::Known(Some(i))))
 }
 
-/// Recognises the slice `e : e + c` in the IR: `node` is `make_tuple(lo,
-/// hi)` with `hi = add(lo', c)` or `add(c, lo')`, `lo'` computing the same
-/// value as `lo`, and `c` a known int. Gives `lo` and `c`.
-fn window(ctx: &RuleCtx, node: NodeId) -> Option<(NodeId, i64)> {
+/// The slice `e : e + c` of index component `items` (computed by `node`):
+/// the node of `e`, when known, and `c`. Lowering gives such a slice its
+/// length as a third element, known wherever `c` is, even after `e` passed
+/// through parameters; in IR without it, `node` is looked at for
+/// `make_tuple(lo, add(lo', c))`.
+fn window(ctx: &RuleCtx, node: Option<NodeId>, items: &[AbsVal]) -> Option<(Option<NodeId>, i64)> {
     let m = ctx.module;
-    if m.applied_prim(node) != Some(Prim::MakeTuple) {
-        return None;
+    let parts = node
+        .filter(|n| m.applied_prim(*n) == Some(Prim::MakeTuple))
+        .map(|n| &m.inputs(n)[1..]);
+    let lo = parts.and_then(|p| p.first().copied());
+    if let Some(c) = items.get(2).and_then(AbsVal::const_int) {
+        return Some((lo, c));
     }
-    let &[_, lo, hi] = m.inputs(node) else {
+    let &[lo, hi] = parts? else {
         return None;
     };
-    if m.applied_prim(hi) != Some(Prim::Add) {
-        return None;
-    }
-    let &[_, x, y] = m.inputs(hi) else {
-        return None;
-    };
-    let known = |n: NodeId| match m.as_const(n) {
+    let c = window_len(m, lo, hi)?;
+    let c = match m.as_const(c) {
         Some(Const::Int(c)) => Some(*c),
-        _ => (ctx.value_of)(n).and_then(|v| v.const_int()),
-    };
-    if same_expr(m, x, lo, 16) {
-        known(y).map(|c| (lo, c))
-    } else if same_expr(m, y, lo, 16) {
-        known(x).map(|c| (lo, c))
-    } else {
-        None
-    }
+        _ => (ctx.value_of)(c).and_then(|v| v.const_int()),
+    }?;
+    Some((Some(lo), c))
 }
 
 /// One index component, twice: as the shape rule must see it (an index or
@@ -1062,15 +1058,7 @@ fn index_comp(
         }
         AbsVal::Tuple(items) if items.len() == 2 || items.len() == 3 => {
             let (lo, hi) = (bound(&items[0])?, bound(&items[1])?);
-            // A window `e : e + c` lowered with its length (a third
-            // element): known wherever `c` is, even after `e` passed
-            // through parameters. Without it, look for the pattern.
-            let win = match items.get(2).and_then(AbsVal::const_int) {
-                Some(c) => Some((node.and_then(|n| ctx.module.inputs(n).get(1).copied()), c)),
-                None => node
-                    .and_then(|n| window(ctx, n))
-                    .map(|(lo, c)| (Some(lo), c)),
-            };
+            let win = window(ctx, node, items);
             let known = match (&lo, &hi) {
                 (Bound::Known(l), Bound::Known(h)) => Some(IndexComp::Slice(*l, *h)),
                 _ => None,

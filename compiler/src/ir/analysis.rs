@@ -251,3 +251,21 @@ pub fn same_expr(m: &Module, a: NodeId, b: NodeId, depth: u32) -> bool {
             .zip(ib)
             .all(|(x, y)| same_expr(m, *x, *y, depth - 1))
 }
+
+/// For a slice `lo : hi` whose `hi` is `lo' + c` or `c + lo'`, with `lo'`
+/// computing the same value as `lo`: the node `c` (the slice's length).
+pub fn window_len(m: &Module, lo: NodeId, hi: NodeId) -> Option<NodeId> {
+    if m.applied_prim(hi) != Some(crate::prim::Prim::Add) {
+        return None;
+    }
+    let &[_, x, y] = m.inputs(hi) else {
+        return None;
+    };
+    if same_expr(m, x, lo, 16) {
+        Some(y)
+    } else if same_expr(m, y, lo, 16) {
+        Some(x)
+    } else {
+        None
+    }
+}

@@ -545,24 +545,6 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// For a slice `lo : hi` where `hi` is `lo + c` or `c + lo`: `c`.
-    fn window_len(&self, lo: NodeId, hi: NodeId) -> Option<NodeId> {
-        let m = &self.m;
-        if m.applied_prim(hi) != Some(Prim::Add) {
-            return None;
-        }
-        let &[_, x, y] = m.inputs(hi) else {
-            return None;
-        };
-        if crate::ir::analysis::same_expr(m, x, lo, 16) {
-            Some(y)
-        } else if crate::ir::analysis::same_expr(m, y, lo, 16) {
-            Some(x)
-        } else {
-            None
-        }
-    }
-
     /// A global function visible by plain name from `module`: its own, or
     /// the prelude's. The tangent rules (`stdlib/jvp.adj`) also see the
     /// helpers of the reverse rules (`stdlib/bprop.adj`), so a rule shared
@@ -1101,7 +1083,7 @@ impl<'a> Lowerer<'a> {
                             // which stays a constant where `e` is not, even
                             // through the parameters of differentiated code
                             // (see `docs/ir.md`).
-                            let len = self.window_len(lo, hi);
+                            let len = crate::ir::analysis::window_len(&self.m, lo, hi);
                             let parts: &[NodeId] = match &len {
                                 Some(c) => &[lo, hi, *c],
                                 None => &[lo, hi],
