@@ -500,7 +500,7 @@ fn closures_capture_values() {
     let types = ir.infer(main, &[t(F32, &[5])]).unwrap();
     assert_eq!(types.result().to_string(), "f32[5]");
     let spec = types.spec(types.specs_of(lam)[0]);
-    assert_eq!(spec.captures, vec![t(F32, &[5])]);
+    assert_eq!(spec.captures[..], [t(F32, &[5])]);
 }
 
 #[test]

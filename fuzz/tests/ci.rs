@@ -32,11 +32,11 @@ fn adjoint_bin() -> PathBuf {
     );
 }
 
-// Ignored while the bugs it finds are open (issue 23; `docs/testing.md`
-// lists them): run it with `cargo test --release -p adjoint-fuzz --
-// --ignored`. It is to run in every CI once they are fixed.
+// Ignored by `cargo test --workspace`, which builds no release executable
+// (against a debug one it takes far longer): `.ci/run` builds one and then
+// runs it with `cargo test --release -p adjoint-fuzz -- --ignored`.
 #[test]
-#[ignore = "fails on the open bugs listed in docs/testing.md"]
+#[ignore = "needs a release build of adjoint; .ci/run runs it"]
 fn fuzz_300_programs() {
     let bin = adjoint_bin();
     let mut opts = Options::new(bin.clone());
@@ -56,7 +56,10 @@ fn fuzz_300_programs() {
     // a debug build compiles much more slowly than a release one
     let debug = bin.to_string_lossy().contains("debug");
     opts.max_compile_secs = Some(if debug { 20.0 } else { 2.0 });
-    opts.timeout_secs = if debug { 60.0 } else { 10.0 };
+    // A time-out stands for a hang: the slowest program of the default
+    // seed (a 4th-order derivative through a loop, #188) compiles in about
+    // 8 s in graph mode, and two programs run at once.
+    opts.timeout_secs = if debug { 90.0 } else { 30.0 };
     opts.out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fuzz-ci");
     println!(
         "adjoint-fuzz CI: {} programs, seed {}, against {}",

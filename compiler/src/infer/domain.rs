@@ -105,7 +105,10 @@ pub enum Closure {
     /// of [`crate::ir::analysis::FreeVars`].
     Graph {
         graph: GraphId,
-        captures: Vec<AbsVal>,
+        /// Shared: closures are copied wherever their values flow, and
+        /// the values they capture (backpropagators capture forward
+        /// values and other closures) can be large.
+        captures: Arc<[AbsVal]>,
     },
     Prim(Prim),
 }
@@ -143,7 +146,7 @@ impl AbsVal {
                 for c in cs {
                     if let Closure::Graph { graph, captures } = c {
                         out.insert(*graph);
-                        for v in captures {
+                        for v in captures.iter() {
                             v.collect_graphs(out);
                         }
                     }
@@ -172,7 +175,7 @@ impl AbsVal {
                 AbsVal::Func(closures) => {
                     for c in closures {
                         if let Closure::Graph { captures, .. } = c {
-                            stack.extend(captures);
+                            stack.extend(captures.iter());
                         }
                     }
                 }
@@ -439,10 +442,13 @@ fn add_closure(set: &mut Vec<Closure>, c: &Closure) {
             } = existing
             {
                 if g == graph && caps.len() == captures.len() {
-                    let joined: Option<Vec<AbsVal>> =
-                        caps.iter().zip(captures).map(|(a, b)| join(a, b)).collect();
+                    let joined: Option<Vec<AbsVal>> = caps
+                        .iter()
+                        .zip(captures.iter())
+                        .map(|(a, b)| join(a, b))
+                        .collect();
                     if let Some(j) = joined {
-                        *caps = j;
+                        *caps = j.into();
                         return;
                     }
                 }
@@ -493,7 +499,7 @@ pub fn generalize(new: &AbsVal, old: &AbsVal) -> AbsVal {
                         match other {
                             Some(caps) => Closure::Graph {
                                 graph: *graph,
-                                captures: generalize_all(captures, caps),
+                                captures: generalize_all(captures, caps).into(),
                             },
                             None => c.clone(),
                         }
@@ -643,7 +649,7 @@ mod tests {
         assert!(!rec.exceeds_parts(5) && rec.exceeds_parts(4));
         let f = AbsVal::Func(vec![Closure::Graph {
             graph: GraphId(0),
-            captures: vec![rec.clone()],
+            captures: vec![rec.clone()].into(),
         }]);
         assert!(!f.exceeds_parts(6) && f.exceeds_parts(5));
         // counting stops at the limit

@@ -30,6 +30,7 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
@@ -104,7 +105,7 @@ pub struct Spec {
     pub args: Vec<AbsVal>,
     /// The values of the graph's free variables, in the order of
     /// [`FreeVars`].
-    pub captures: Vec<AbsVal>,
+    pub captures: Arc<[AbsVal]>,
     pub result: AbsVal,
     /// Parameters, captured free variables and applications of the graph.
     pub values: HashMap<NodeId, AbsVal>,
@@ -313,7 +314,7 @@ fn run(
             ),
         ));
     }
-    let captures: Vec<AbsVal> = Vec::new();
+    let captures: Arc<[AbsVal]> = Arc::new([]);
     if !interp.fv.get(entry).is_empty() {
         return Err(InferError::new(
             graph.loc,
@@ -363,7 +364,7 @@ struct Frame {
     speculative: bool,
 }
 
-type Key = (GraphId, Vec<AbsVal>, Vec<AbsVal>);
+type Key = (GraphId, Vec<AbsVal>, Arc<[AbsVal]>);
 
 struct Interp<'a> {
     m: &'a Module,
@@ -448,9 +449,9 @@ impl<'a> Interp<'a> {
         &self,
         g: GraphId,
         args: Vec<AbsVal>,
-        captures: Vec<AbsVal>,
+        captures: Arc<[AbsVal]>,
         speculative: bool,
-    ) -> (Vec<AbsVal>, Vec<AbsVal>) {
+    ) -> (Vec<AbsVal>, Arc<[AbsVal]>) {
         let Some(ancestors) = self.in_progress.get(&g) else {
             return (args, captures);
         };
@@ -469,7 +470,7 @@ impl<'a> Interp<'a> {
         for &a in ancestors {
             let spec = &self.specs[a].spec;
             args = generalize_all(&args, &spec.args);
-            captures = generalize_all(&captures, &spec.captures);
+            captures = generalize_all(&captures, &spec.captures).into();
         }
         (args, captures)
     }
@@ -479,7 +480,7 @@ impl<'a> Interp<'a> {
         &mut self,
         g: GraphId,
         args: Vec<AbsVal>,
-        captures: Vec<AbsVal>,
+        captures: Arc<[AbsVal]>,
         site: Option<NodeId>,
     ) -> Result<(AbsVal, usize), InferError> {
         // Taken first, so that no return leaves it set for another call.
@@ -669,7 +670,7 @@ impl<'a> Interp<'a> {
         for (p, v) in graph.params.iter().zip(&spec.args) {
             values.insert(*p, v.clone());
         }
-        for (n, v) in self.fv.get(g).iter().zip(&spec.captures) {
+        for (n, v) in self.fv.get(g).iter().zip(spec.captures.iter()) {
             values.insert(*n, v.clone());
         }
         let mut calls = HashMap::default();
@@ -751,7 +752,7 @@ impl<'a> Interp<'a> {
                 if truncated != captures {
                     self.lose(&captures, &truncated);
                 }
-                let captures = truncated;
+                let captures = truncated.into();
                 Ok(AbsVal::Func(vec![Closure::Graph {
                     graph: *h,
                     captures,
@@ -1080,13 +1081,13 @@ impl<'a> Interp<'a> {
         const MAX_HIDDEN: usize = 4096;
         let mut general: Vec<usize> = Vec::new();
         let mut failed: HashSet<GraphId> = HashSet::default();
-        let mut done: HashSet<(GraphId, Vec<AbsVal>)> = HashSet::default();
+        let mut done: HashSet<(GraphId, Arc<[AbsVal]>)> = HashSet::default();
         // The `make_tuple` nodes whose closures are hidden.
         let mut sites: HashSet<NodeId> = HashSet::default();
         let mut scanned: HashSet<usize> = HashSet::default();
         let mut roots = vec![entry];
         loop {
-            let mut hidden: Vec<(GraphId, Vec<AbsVal>)> = Vec::new();
+            let mut hidden: Vec<(GraphId, Arc<[AbsVal]>)> = Vec::new();
             for id in self.reachable_specs(&roots) {
                 if !scanned.insert(id) {
                     continue;

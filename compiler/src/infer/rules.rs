@@ -309,6 +309,10 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         Prim::TensorLiteral => tensor_literal(args),
         Prim::Switch => switch(ctx, &args[0], &args[1], &args[2]),
         Prim::TreeMap => {
+            if args[0] == AbsVal::Unknown {
+                // (The caller records the closures in the trees as lost.)
+                return Ok(AbsVal::Unknown);
+            }
             if !matches!(args[0], AbsVal::Func(_)) {
                 return fail(format!("tree_map: expected a function, got {}", args[0]));
             }
@@ -541,14 +545,16 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
 }
 
 /// Primitives whose rule accepts `Unknown` arguments: those that build
-/// structures, select a branch, or thread the IO token, and the
+/// structures, select a branch, call a function (`tree_map` must call it
+/// even on trees of unknown type, or the calls it makes at run time go
+/// unseen), or thread the IO token, and the
 /// differentiation helpers whose result type does not depend on the
 /// cotangent they take (`grad_finalize`, `tuple_grad`, ...) or that treat
 /// `Unknown` as the symbolic zero (`gadd`).
 fn keeps_unknown(p: Prim) -> bool {
     match p.category() {
         Category::Io => true,
-        Category::Control => p == Prim::Switch,
+        Category::Control => matches!(p, Prim::Switch | Prim::TreeMap),
         Category::Struct => matches!(
             p,
             Prim::MakeTuple
@@ -1404,7 +1410,9 @@ fn switch(ctx: &RuleCtx, c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
 /// `tree_map(f, t, rest..)`: the first tree's structure decides; where it
 /// has a leaf, `f` gets the other trees' values there whole (they may be
 /// deeper); where it has a tuple or record, an `Unknown` (a symbolic zero)
-/// in another tree stands for that structure.
+/// in another tree stands for that structure. A first tree of unknown
+/// structure gives an unknown result, and `f` is called on unknown
+/// leaves, so that what it calls is seen for every call it may get.
 fn tree_map(f: &AbsVal, t: &AbsVal, rest: &[&AbsVal], calls: &mut dyn Calls) -> Rule {
     let mismatch = |other: &AbsVal| {
         fail(format!(
@@ -1444,6 +1452,13 @@ fn tree_map(f: &AbsVal, t: &AbsVal, rest: &[&AbsVal], calls: &mut dyn Calls) -> 
                 out.push((name.clone(), tree_map(f, item, &sub, calls)?));
             }
             Ok(AbsVal::Record(out))
+        }
+        AbsVal::Unknown => {
+            let unknown = vec![AbsVal::Unknown; 1 + rest.len()];
+            Ok(match calls.call(f, unknown)? {
+                AbsVal::Bottom => AbsVal::Bottom,
+                _ => AbsVal::Unknown,
+            })
         }
         _ => {
             let mut args = vec![t.clone()];

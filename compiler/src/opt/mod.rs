@@ -128,6 +128,13 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
         .node_budget
         .min(m.nodes.len() + (stats.nodes_before as f64 * opts.growth) as usize + 20_000);
     let mut typed_passes = 0;
+    // What the last typed pass changed: another one (a whole-module
+    // inference) runs only if that was at least one node in
+    // `TYPED_PASS_PAYOFF` of the live ones (on large modules of deep
+    // derivatives, later passes fold a handful of nodes each, and each
+    // costs seconds).
+    const TYPED_PASS_PAYOFF: usize = 1000;
+    let mut typed_changed = usize::MAX;
     let mut memo = specialize::Memo::default();
     for _ in 0..opts.max_rounds {
         stats.rounds += 1;
@@ -185,11 +192,15 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             let Some((entry, args)) = &opts.entry else {
                 break;
             };
-            if typed_passes >= opts.max_typed_passes {
+            let live = snapshot_size(&snap).0;
+            if typed_passes >= opts.max_typed_passes
+                || typed_changed.saturating_mul(TYPED_PASS_PAYOFF) < live
+            {
                 break;
             }
             typed_passes += 1;
-            if typed_pass(m, &snap, opts, *entry, args, budget, &mut stats) == 0 {
+            typed_changed = typed_pass(m, &snap, opts, *entry, args, budget, &mut stats);
+            if typed_changed == 0 {
                 break;
             }
             snap = detach_dead_then_snapshot(m, roots);
