@@ -23,9 +23,12 @@
 //! closure's graph is peeled back to the original through
 //! [`Provenance`], the request is built on the original, and the
 //! transforms are applied to the request's graph, outermost last. The
-//! cotangent of a closure is an environment keyed by its free variables,
-//! which every one of these graphs shares, so the rules of `ad_lift` and
-//! `ad_dyn` pass cotangents through.
+//! cotangent of a closure is an environment keyed by the values its free
+//! variables stand for ([`super::env_key`]): the graphs built here capture
+//! the original's free variables where the compile-time transforms of the
+//! same closure capture their own nodes (`J(f)`'s `x` for `f`'s `x`), and
+//! the keys agree, so the rules of `ad_lift` and `ad_dyn` pass cotangents
+//! through at every order.
 //!
 //! Forward graphs built here take, besides each captured value, its
 //! tangent (a placeholder free variable, [`Provenance::placeholder`]):

@@ -5,11 +5,11 @@
 //! returns `(value, backpropagator)`. The backpropagator is an ordinary
 //! closure graph `B(f)` from the output cotangent to
 //! `(env, d_param0, d_param1, ..)`, where `env` holds the cotangents of the
-//! free variables of `f`, keyed by the id of the forward node (the Myia /
-//! MindSpore environment). Function values inside `J(f)` are themselves
-//! J-transformed closures, so closures, higher-order functions, `switch`
-//! (only the taken branch runs, forward and backward) and recursion (loops
-//! are recursive graphs) need no special case.
+//! free variables of `f`, keyed by the original node each stands for
+//! ([`env_key`]; the Myia / MindSpore environment). Function values inside
+//! `J(f)` are themselves J-transformed closures, so closures, higher-order
+//! functions, `switch` (only the taken branch runs, forward and backward)
+//! and recursion (loops are recursive graphs) need no special case.
 //!
 //! Primitives get their rule from `bprop` definitions in
 //! `stdlib/bprop.adj`, written in Adjoint and lowered like any function, so
@@ -140,6 +140,60 @@ pub struct Provenance {
     pub placeholder: HashMap<NodeId, NodeId>,
     pub placeholder_of: HashMap<NodeId, NodeId>,
     pub holder: Option<GraphId>,
+}
+
+/// The environment key under which a backpropagator gives the cotangent
+/// of free variable `n` of the closure it belongs to.
+///
+/// It names the value `n` holds, not the node: the original node it comes
+/// from ([`Provenance::origin`]), and the tangent steps between
+/// ([`Provenance::tangent_origin`], [`Provenance::placeholder_of`]),
+/// without the transforms that only carry the value through above the
+/// last tangent step. A closure transformed at compile time captures the
+/// enclosing transform's nodes (`J(f)`'s `x`), one built at run time
+/// ([`dynamic`]) the original's (`f`'s `x`, and a placeholder for its
+/// tangent); keying both alike lets the cotangents of captures flow
+/// between them at every order. Within one closure the keys stay
+/// distinct: its free variables are its transform's nodes for distinct
+/// original values.
+///
+/// A key is the original node's id when no tangent step is taken, else
+/// the steps from the original outwards (1 for a tangent, 0 for a value
+/// carried through) as bits under a leading 1, above the node's id.
+pub fn env_key(prov: &Provenance, n: NodeId) -> i64 {
+    let mut k = n;
+    // Outermost first.
+    let mut steps: Vec<bool> = Vec::new();
+    loop {
+        if let Some(o) = prov.origin.get(&k) {
+            steps.push(false);
+            k = *o;
+        } else if let Some(o) = prov.tangent_origin.get(&k) {
+            steps.push(true);
+            k = *o;
+        } else if let Some(o) = prov.placeholder_of.get(&k) {
+            steps.push(true);
+            k = *o;
+        } else {
+            break;
+        }
+    }
+    let carried = steps.iter().take_while(|t| !**t).count();
+    let path = &steps[carried..];
+    if path.is_empty() {
+        return k.0 as i64;
+    }
+    // Root outwards. Past 27 bits (never reached: each transform
+    // multiplies the code's size) the oldest steps are dropped, so such
+    // keys may coincide.
+    let mut code: u64 = 1;
+    for t in path.iter().rev() {
+        code = (code << 1) | u64::from(*t);
+        if code >= 1 << 28 {
+            code = (code & ((1 << 27) - 1)) | (1 << 27);
+        }
+    }
+    ((code << 32) | u64::from(k.0)) as i64
 }
 
 /// Builds every requested graph. Returns checks that need types (the
@@ -282,6 +336,12 @@ impl<'a> Ad<'a> {
         let l = self.prim(g, Prim::AdLift, &[n, k, w], loc);
         self.lifted.insert((g, n, mode), l);
         l
+    }
+
+    /// The environment key of free variable `n`, see [`env_key`].
+    fn env_key(&mut self, n: NodeId, loc: Loc) -> NodeId {
+        let k = env_key(self.prov, n);
+        self.konst(Const::Int(k), loc)
     }
 
     fn konst(&mut self, c: Const, loc: Loc) -> NodeId {
@@ -463,7 +523,7 @@ impl<'a> Ad<'a> {
             return Ok(*k);
         }
         let v = self.jmap(g, n, arity, at)?;
-        let key = self.konst(Const::Int(n.0 as i64), at);
+        let key = self.env_key(n, at);
         let k = self.prim(g, Prim::AdKey, &[v, key], at);
         keyed.done.insert(n, k);
         Ok(k)
@@ -761,7 +821,7 @@ impl<'a> Ad<'a> {
         let mut env = self.zero(bf, floc);
         for &n in self.fv.get(f).to_vec().iter() {
             if let Some(s) = sens.get(&n).copied() {
-                let key = self.konst(Const::Int(n.0 as i64), floc);
+                let key = self.env_key(n, floc);
                 env = self.prim(bf, Prim::EnvSetitem, &[env, key, s], floc);
             }
         }
@@ -838,7 +898,7 @@ impl<'a> Ad<'a> {
         match self.m.node(n).kind.clone() {
             NodeKind::Const(Const::Graph(h)) => {
                 for &v in self.fv.get(h).to_vec().iter() {
-                    let key = self.konst(Const::Int(v.0 as i64), loc);
+                    let key = self.env_key(v, loc);
                     let e = self.prim(bf, Prim::EnvGetitem, &[d, key], loc);
                     self.contribute(bf, sens, v, e, loc);
                 }
