@@ -1488,6 +1488,7 @@ fn collect_leaves<'v>(v: &'v AbsVal, out: &mut Vec<&'v AbsVal>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::infer::domain::Closure;
     use DType::*;
 
     struct NoCalls;
@@ -1611,6 +1612,44 @@ mod tests {
         // floats never fold
         let r = run(Prim::Add, &[AbsVal::int(2, true), AbsVal::weak_scalar(F64)]).unwrap();
         assert_eq!(r, AbsVal::weak_scalar(F64));
+    }
+
+    /// Records the arguments of every call and answers with a scalar.
+    struct Record(Vec<Vec<AbsVal>>);
+    impl Calls for Record {
+        fn call(&mut self, _: &AbsVal, args: Vec<AbsVal>) -> Result<AbsVal, InferError> {
+            self.0.push(args);
+            Ok(AbsVal::tensor(F64, &[]))
+        }
+    }
+
+    #[test]
+    fn tree_map_calls_its_function_on_trees_of_unknown_type() {
+        let m = Module::new();
+        let ctx = RuleCtx {
+            module: &m,
+            loc: Loc::NONE,
+            arg_nodes: &[],
+            value_of: &|_| None,
+            load_type: None,
+        };
+        let f = AbsVal::Func(vec![Closure::Prim(Prim::Add)]);
+        let x = AbsVal::tensor(F64, &[]);
+        // A tangent tree that may be the symbolic zero: the function is
+        // still called, on that leaf's known value and an unknown one.
+        let mut calls = Record(Vec::new());
+        let tree = AbsVal::Tuple(vec![x.clone()]);
+        let args = [f.clone(), tree, AbsVal::Unknown];
+        let out = apply(Prim::TreeMap, &ctx, &args, &mut calls);
+        assert_eq!(out, Ok(AbsVal::Tuple(vec![x.clone()])));
+        assert_eq!(calls.0, vec![vec![x.clone(), AbsVal::Unknown]]);
+        // A first tree of unknown structure: one call on unknown leaves,
+        // and an unknown result.
+        let mut calls = Record(Vec::new());
+        let args = [f, AbsVal::Unknown, AbsVal::Tuple(vec![x])];
+        let out = apply(Prim::TreeMap, &ctx, &args, &mut calls);
+        assert_eq!(out, Ok(AbsVal::Unknown));
+        assert_eq!(calls.0, vec![vec![AbsVal::Unknown, AbsVal::Unknown]]);
     }
 
     #[test]
