@@ -286,6 +286,75 @@ fn loaded_data_is_specialised_to_its_shape() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// IO elsewhere in a program does not change how its loads compile (issue
+/// 23 #10): a training loop over loaded data followed by a checkpoint
+/// `save_npy` gets the same fused kernels as without the save. A load of
+/// a path the program may write (here through a helper, so any literal
+/// it is given) is not specialised, so loading what it wrote is right.
+#[test]
+fn io_after_a_training_loop_keeps_loads_specialised() {
+    let d = temp_dir("io");
+    let path = d.join("x.npy");
+    let data: Vec<f64> = (0..64 * 80).map(|i| (i % 13) as f64 * 0.1 - 0.6).collect();
+    save(
+        &path,
+        adjoint_runtime::Tensor::from_vec(data, &[64, 80]).unwrap(),
+    );
+    let out = d.join("w.npy");
+    let program = |tail: &str| {
+        format!(
+            "fn loss(w, x) = sum(tanh(x * w + 1.0) * x)\n\
+             fn main() {{\n\
+             \x20   let x = load_npy({:?});\n\
+             \x20   let mut w = f64(ones((80,))) * 0.5;\n\
+             \x20   for i in 0..3 {{ w = w - 0.01 * grad(loss)(w, x); }}\n\
+             \x20   print(sum(w));\n{tail}}}\n",
+            path.display().to_string()
+        )
+    };
+    let plain = program("");
+    let saving = program(&format!(
+        "    save_npy({:?}, w);\n",
+        out.display().to_string()
+    ));
+    let kernels = |src: &str| {
+        Session::new(Mode::Graph)
+            .load_source("io.adj", src)
+            .unwrap()
+            .emit_kernels("main")
+            .unwrap()
+    };
+    let (k_plain, k_saving) = (kernels(&plain), kernels(&saving));
+    assert!(k_plain.contains("over [64, 80] f64"), "{k_plain}");
+    // The loop's kernels are the same; only the last update, which the
+    // save also reads, is no longer fused into `print`'s sum.
+    let over_data = |k: &str| -> Vec<String> {
+        k.lines()
+            .filter(|l| l.contains("over [64, 80]"))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(over_data(&k_plain).len(), 9, "{k_plain}");
+    assert_eq!(over_data(&k_plain), over_data(&k_saving));
+    assert_close(&run(Mode::Graph, &saving), &run(Mode::Eager, &plain), 1e-12);
+    assert!(out.exists());
+
+    // A helper may write any path it is given: the load of the path it
+    // wrote reads the new [2] file, not the [64, 80] one compilation saw.
+    let p = path.display().to_string();
+    let rewrite = format!(
+        "fn put(p, v) = save_npy(p, v)\n\
+         fn main() {{\n\
+         \x20   let x = load_npy({p:?});\n\
+         \x20   put({p:?}, [sum(x), 1.0]);\n\
+         \x20   let y = load_npy({p:?});\n\
+         \x20   print(y * 2.0);\n}}\n"
+    );
+    let got = run(Mode::Graph, &rewrite);
+    assert!(got.ends_with(", 2.0]\n"), "{got}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// The data a program was specialised to is checked when it is loaded: a
 /// file whose shape changed since compilation is an error, not wrong
 /// results.

@@ -1,6 +1,6 @@
 //! The order of the passes. Only this module knows it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -34,16 +34,81 @@ type TypeOf = (DType, Vec<usize>);
 /// The answers of an [`NpyTypeFn`], asked once per path.
 struct LoadTypes {
     oracle: Box<NpyTypeFn>,
+    /// The paths the program may write (never specialised).
+    written: HashSet<String>,
     answered: Mutex<HashMap<String, Option<TypeOf>>>,
 }
 
 impl LoadTypes {
     fn get(&self, path: &str) -> Option<TypeOf> {
+        if self.written.contains(path) {
+            return None;
+        }
         let mut a = self.answered.lock().unwrap_or_else(|e| e.into_inner());
         a.entry(path.to_string())
             .or_insert_with(|| (self.oracle)(path))
             .clone()
     }
+}
+
+/// The paths a program may write files to. Strings are only ever
+/// literals, so a save whose path is a literal writes that path; a save
+/// whose path is computed (a parameter of a helper) or a save primitive
+/// used as a value may write any literal that is used other than as the
+/// path of a load. Loads of the other paths read files the program cannot
+/// have changed, whatever IO comes before or after them (issue 23 #10:
+/// saving a checkpoint after a training loop used to stop graph mode from
+/// specialising every load, and the loop ran without fused kernels).
+fn written_paths(m: &crate::ir::Module) -> HashSet<String> {
+    use crate::ir::{Const, NodeId, NodeKind};
+    use crate::prim::Prim;
+    let is_save = |c: &Const| matches!(c, Const::Prim(Prim::SaveNpy | Prim::SaveSafetensors));
+    let str_of = |n: NodeId| match m.as_const(n) {
+        Some(Const::Str(s)) => Some(s.to_string()),
+        _ => None,
+    };
+    let mut written = HashSet::new();
+    let mut any_path = false;
+    // Literals read as a load's path, and literals used anywhere else.
+    let mut load_paths = HashSet::new();
+    let mut other_uses = HashSet::new();
+    for node in &m.nodes {
+        let NodeKind::Apply(ins) = &node.kind else {
+            continue;
+        };
+        let callee = m.as_const(ins[0]);
+        let load = matches!(
+            callee,
+            Some(Const::Prim(Prim::LoadNpy | Prim::LoadSafetensors))
+        );
+        for (k, &x) in ins.iter().enumerate() {
+            if k == 0 {
+                continue;
+            }
+            if m.as_const(x).is_some_and(is_save) {
+                any_path = true;
+            }
+            if let Some(s) = str_of(x) {
+                if load && k == 2 {
+                    load_paths.insert(s);
+                } else {
+                    other_uses.insert(s);
+                }
+            }
+        }
+        if callee.is_some_and(is_save) {
+            match ins.get(2).and_then(|&p| str_of(p)) {
+                Some(s) => {
+                    written.insert(s);
+                }
+                None => any_path = true,
+            }
+        }
+    }
+    if any_path {
+        written.extend(other_uses);
+    }
+    written
 }
 
 /// A parsed and lowered program.
@@ -122,22 +187,12 @@ impl Program {
     /// eager mode); the optimiser and fusion do, and the compiled program
     /// checks that each such load still gives that type.
     ///
-    /// A program that writes files may write one it then loads: its loads
-    /// are not specialised.
+    /// A load is not specialised when the program may write its path
+    /// (see [`written_paths`]): it could load what it wrote.
     pub fn set_npy_types(&mut self, npy_type: Box<NpyTypeFn>) {
-        use crate::ir::{Const, NodeKind};
-        use crate::prim::Prim;
-        let writes = self.lowered.module.nodes.iter().any(|n| {
-            matches!(
-                n.kind,
-                NodeKind::Const(Const::Prim(Prim::SaveNpy | Prim::SaveSafetensors))
-            )
-        });
-        if writes {
-            return;
-        }
         self.load_types = Some(Arc::new(LoadTypes {
             oracle: npy_type,
+            written: written_paths(&self.lowered.module),
             answered: Mutex::new(HashMap::new()),
         }));
     }
