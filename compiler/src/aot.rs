@@ -298,7 +298,7 @@ impl AotModule {
                         adjoint_runtime::TensorTy::new(r.dtype, &r.shape)
                     ))
                 }
-                AbsVal::Tensor(_) | AbsVal::Unknown => {}
+                AbsVal::Tensor(_) | AbsVal::Unknown | AbsVal::Zero => {}
                 _ => {
                     return Err(format!(
                         "{name}: {fname} does not return a tensor, but its gradient needs a float scalar"

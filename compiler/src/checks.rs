@@ -115,7 +115,7 @@ pub fn run(
                 let got = match &v {
                     AbsVal::Tuple(items) if items.len() == *len => continue,
                     AbsVal::Tuple(items) => format!("a tuple of {}", items.len()),
-                    AbsVal::Unknown | AbsVal::Bottom => continue,
+                    AbsVal::Unknown | AbsVal::Zero | AbsVal::Bottom => continue,
                     other => other.to_string(),
                 };
                 out.push(Diagnostic::error(
@@ -146,7 +146,7 @@ pub fn run(
                 };
                 let ok = match &v {
                     AbsVal::Tensor(t) => t.shape.is_empty() && t.dtype.is_float(),
-                    AbsVal::Unknown | AbsVal::Bottom => true,
+                    AbsVal::Unknown | AbsVal::Zero | AbsVal::Bottom => true,
                     _ => false,
                 };
                 if !ok {
@@ -244,7 +244,7 @@ fn non_float(v: &AbsVal) -> Option<String> {
         AbsVal::Tensor(_) => Some(v.to_string()),
         AbsVal::Tuple(items) => items.iter().find_map(non_float),
         AbsVal::Record(fields) => fields.iter().find_map(|(_, x)| non_float(x)),
-        AbsVal::Unknown | AbsVal::Bottom => None,
+        AbsVal::Unknown | AbsVal::Zero | AbsVal::Bottom => None,
         other => Some(other.to_string()),
     }
 }
@@ -252,7 +252,7 @@ fn non_float(v: &AbsVal) -> Option<String> {
 /// Why `v` does not fit `ty`, if it does not.
 fn mismatch(ty: &TypeExpr, v: &AbsVal) -> Option<String> {
     match (&ty.kind, v) {
-        (_, AbsVal::Unknown | AbsVal::Bottom) => None,
+        (_, AbsVal::Unknown | AbsVal::Zero | AbsVal::Bottom) => None,
         (TypeKind::Tensor { dtype, dims }, AbsVal::Tensor(t)) => {
             let Some(want) = DType::from_name(&dtype.name) else {
                 return Some(format!("`{}` is not a dtype", dtype.name));

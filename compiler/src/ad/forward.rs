@@ -243,6 +243,10 @@ impl Ad<'_> {
         } else {
             self.f_graphs.insert(f, ff);
         }
+        if let Some(t) = self.grad_target(f) {
+            self.f_grad_target(f, ff, &t)?;
+            return Ok(ff);
+        }
         let params = self.m.graph(f).params.clone();
         let pnames = self.m.graph(f).param_names.clone();
         for (p, nm) in params.iter().zip(&pnames) {
@@ -267,6 +271,28 @@ impl Ad<'_> {
             let inputs = self.m.inputs(y).to_vec();
             let yloc = self.m.node(y).loc;
             let arity = inputs.len() - 1;
+            // A choice between two graphs (an `if`, a loop's test) is the
+            // choice between their F graphs, inline: its tangent is zero
+            // (both are constants), and a call of it in output position
+            // stays a tail call of a `switch` between graphs, so F of a
+            // loop is a loop again (reverse mode then threads a stack
+            // through it instead of nesting closures, see `tail_set`).
+            if self.m.applied_prim(y) == Some(Prim::Switch)
+                && inputs.len() == 4
+                && inputs[2..]
+                    .iter()
+                    .all(|&b| matches!(self.m.as_const(b), Some(Const::Graph(_))))
+            {
+                let c = self.fwd_primal(ff, inputs[1], arity, yloc)?;
+                let a = self.fwd_primal(ff, inputs[2], arity, yloc)?;
+                let b = self.fwd_primal(ff, inputs[3], arity, yloc)?;
+                let yp = self.prim(ff, Prim::Switch, &[c, a, b], yloc);
+                let dy = self.fwd_zero(ff);
+                self.f_primal.insert(y, yp);
+                self.prov.origin.insert(yp, y);
+                self.f_tangent.insert(y, dy);
+                continue;
+            }
             let callee = match self.m.as_const(inputs[0]) {
                 Some(Const::Prim(p)) => {
                     let p = *p;

@@ -27,6 +27,7 @@
 
 pub mod dynamic;
 mod forward;
+mod symmetric;
 
 use std::collections::{HashMap, HashSet};
 
@@ -206,6 +207,7 @@ pub fn run(
     prov: &mut Provenance,
 ) -> Result<Vec<Check>, AdError> {
     let mut ad = Ad::new(m, rules, effectful, prov);
+    ad.requests = requests.iter().map(|r| (r.target, r.clone())).collect();
     // A request may differentiate a function that contains another request's
     // target: build the inner ones first.
     let mut pending: Vec<usize> = (0..requests.len()).collect();
@@ -281,6 +283,9 @@ struct Ad<'a> {
     /// built, innermost last: closures made in a loop mark their uses of
     /// them too, so a use inside such a closure is a use by the loop.
     loop_external: Vec<HashSet<NodeId>>,
+    /// The compile-time requests by target: the transforms of a `grad`
+    /// target may use symmetry ([`symmetric`]).
+    requests: HashMap<GraphId, AdRequest>,
     checks: Vec<Check>,
 }
 
@@ -316,6 +321,7 @@ impl<'a> Ad<'a> {
             f_zeros: HashMap::new(),
             tree_picks: HashMap::new(),
             loop_external: Vec::new(),
+            requests: HashMap::new(),
             checks: Vec::new(),
         }
     }
@@ -548,6 +554,16 @@ impl<'a> Ad<'a> {
         }
     }
 
+    /// Whether the transforms of `f` may use symmetry: `f` is a closed
+    /// `grad` target (see [`symmetric::GradTarget::of`]).
+    fn grad_target(&self, f: GraphId) -> Option<symmetric::GradTarget> {
+        let req = self.requests.get(&f)?;
+        if !self.fv.get(f).is_empty() {
+            return None;
+        }
+        symmetric::GradTarget::of(self, req)
+    }
+
     fn j_graph(&mut self, f: GraphId, at: Loc) -> R<GraphId> {
         let closed = self.fv.get(f).is_empty();
         let memo = if closed {
@@ -565,6 +581,14 @@ impl<'a> Ad<'a> {
             let j = self.j_custom(f, rule)?;
             self.j_closed.insert(f, j);
             return Ok(j);
+        }
+        if let Some(t) = self.grad_target(f) {
+            let name = self.m.graph(f).name.clone();
+            let jf = self.m.add_graph(format!("J.{name}"), self.m.graph(f).loc);
+            self.prov.graphs.insert(jf, (1, f));
+            self.j_closed.insert(f, jf);
+            self.j_grad_target(f, jf, &t)?;
+            return Ok(jf);
         }
         let name = self.m.graph(f).name.clone();
         let floc = self.m.graph(f).loc;

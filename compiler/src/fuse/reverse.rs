@@ -163,8 +163,12 @@ fn check_stacks(m: &Module, stacks: &mut Stacks, uses: &Uses) {
 
 /// Whether `args` (a stack's `()` last) have the scalar types of the
 /// parameters `params` (the stack last).
+/// (A symbolic zero matches a parameter that is always one.)
 fn arguments_match(cx: &Cx, args: &[NodeId], params: &[NodeId]) -> bool {
-    let ty = |n: NodeId| cx.shape(n).and_then(|s| s.scalar()).map(|(t, _)| t);
+    let ty = |n: NodeId| match cx.shape(n)? {
+        Shape::Zero => Some(None),
+        s => s.scalar().map(|(t, _)| Some(t)),
+    };
     args.len() == params.len()
         && args[..args.len() - 1]
             .iter()
@@ -261,7 +265,7 @@ pub(super) fn reverse_groups(
                 .clone();
             let Some(b) = b else { continue };
             // The seed must be the cotangent of the value.
-            if cx.shape(seed).map(|s| s.flat()) != Some(b.value.flat()) {
+            if !cx.shape(seed).is_some_and(|s| seed_fits(&s, &b.value)) {
                 if trace {
                     eprintln!(
                         "scalar: reverse @{}: the seed's type differs",
@@ -270,7 +274,12 @@ pub(super) fn reverse_groups(
                 }
                 continue;
             }
-            let mut inputs: Vec<NodeId> = ins[1..ins.len() - 1].to_vec();
+            // (The symbolic zeros have no machine value.)
+            let mut inputs: Vec<NodeId> = ins[1..ins.len() - 1]
+                .iter()
+                .copied()
+                .filter(|a| cx.shape(*a) != Some(Shape::Zero))
+                .collect();
             inputs.extend(fv.get(g).iter().copied());
             inputs.extend(b.key_inputs.iter().copied());
             let name = &m.graph(g).name;
@@ -616,9 +625,12 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
     let graph = m.graph(g);
     let params = graph.params[..graph.params.len() - 1]
         .iter()
-        .map(|p| match cx.shape(*p)?.scalar()? {
-            (t, w) if t.is_float() => Some(Some((t, w))),
-            _ => Some(None),
+        .map(|p| match cx.shape(*p)? {
+            Shape::Zero => Some(None),
+            sh => match sh.scalar()? {
+                (t, w) if t.is_float() => Some(Some((t, w))),
+                _ => Some(None),
+            },
         })
         .collect::<Option<Vec<_>>>()
         .ok_or("a parameter is not a scalar")?;
@@ -733,6 +745,19 @@ impl NativeKernel for Backward {
             out[0] = Value::Env(Arc::new(env));
         }
         Ok(Value::tuple(out))
+    }
+}
+
+/// Whether a seed of shape `seed` is a cotangent of a value of shape
+/// `value` (a symbolic zero is the cotangent of anything).
+fn seed_fits(seed: &Shape, value: &Shape) -> bool {
+    match (seed, value) {
+        (Shape::Zero, _) => true,
+        (Shape::Scalar(a, _), Shape::Scalar(b, _)) => a == b,
+        (Shape::Tuple(xs), Shape::Tuple(ys)) => {
+            xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| seed_fits(x, y))
+        }
+        _ => false,
     }
 }
 

@@ -56,6 +56,9 @@ pub(super) enum Shape {
     /// Reverse mode's stack of backpropagators in a loop differentiated
     /// whole ([`super::reverse`]): the program's tape, no machine value.
     Stack,
+    /// The symbolic zero (the tangent of a loop's counter in forward
+    /// mode): passed on, no machine value.
+    Zero,
 }
 
 impl Shape {
@@ -70,6 +73,7 @@ impl Shape {
                 .collect::<Option<_>>()
                 .map(Shape::Tuple),
             AbsVal::Io => Some(Shape::Io),
+            AbsVal::Zero => Some(Shape::Zero),
             _ => None,
         }
     }
@@ -85,7 +89,7 @@ impl Shape {
         match self {
             Shape::Scalar(t, _) => out.push(*t),
             Shape::Tuple(items) => items.iter().for_each(|s| s.flatten(out)),
-            Shape::Io | Shape::Stack => {}
+            Shape::Io | Shape::Stack | Shape::Zero => {}
         }
     }
 
@@ -100,7 +104,7 @@ impl Shape {
         match self {
             Shape::Io => true,
             Shape::Tuple(items) => items.iter().any(Shape::has_io),
-            Shape::Scalar(..) | Shape::Stack => false,
+            Shape::Scalar(..) | Shape::Stack | Shape::Zero => false,
         }
     }
 
@@ -108,7 +112,7 @@ impl Shape {
         match self {
             Shape::Scalar(..) => 1,
             Shape::Tuple(items) => items.iter().map(Shape::width).sum(),
-            Shape::Io | Shape::Stack => 0,
+            Shape::Io | Shape::Stack | Shape::Zero => 0,
         }
     }
 
@@ -134,6 +138,7 @@ impl Shape {
                     .collect::<Result<Vec<_>, _>>()?,
             ),
             Shape::Io => Value::Io,
+            Shape::Zero => Value::Zero,
             Shape::Stack => return Err(RtError::internal("scalar kernel: a stack result")),
         })
     }
@@ -391,7 +396,8 @@ impl Cx<'_> {
         let out = graph.output?;
         for &p in &graph.params {
             let sh = self.shape(p)?;
-            (sh.scalar().is_some() || sh == Shape::Io || sh == Shape::Stack).then_some(())?;
+            (sh.scalar().is_some() || matches!(sh, Shape::Io | Shape::Stack | Shape::Zero))
+                .then_some(())?;
         }
         for &p in self.fv.get(g) {
             self.shape(p)?.scalar()?;
@@ -482,6 +488,7 @@ impl Cx<'_> {
                 result.scalar()?;
                 self.weak_dtype(ins[0])?;
             }
+            Prim::Zero => (result == Shape::Zero).then_some(())?,
             // A marked free variable of a reversed loop: the key's
             // parameter.
             Prim::AdKey if !self.stacks.param.is_empty() => {
@@ -724,6 +731,10 @@ fn exit_of(cx: &Cx, ok: &HashMap<GraphId, Info>, r: &Region) -> Option<Exit> {
             .iter()
             .map(|v| cx.shape(*v))
             .collect::<Option<_>>()?;
+        // (The continuation passes on the token, not a zero.)
+        if here.contains(&Shape::Zero) {
+            return None;
+        }
         match &shapes {
             None => shapes = Some(here),
             Some(s) if *s == here => {}
@@ -869,7 +880,7 @@ pub(super) fn scalar_groups(
                 let mut inputs: Vec<NodeId> = args
                     .iter()
                     .copied()
-                    .filter(|a| cx.shape(*a) != Some(Shape::Io))
+                    .filter(|a| !matches!(cx.shape(*a), Some(Shape::Io | Shape::Zero)))
                     .collect();
                 inputs.extend(fv.get(g).iter().copied());
                 add_call_group(
@@ -894,8 +905,8 @@ pub(super) fn entry_types_match(cx: &Cx, n: NodeId, g: GraphId) -> bool {
     let params = &cx.m.graph(g).params;
     args.len() == params.len()
         && args.iter().zip(params).all(|(a, p)| {
-            if cx.shape(*p) == Some(Shape::Io) {
-                return cx.shape(*a) == Some(Shape::Io);
+            if let Some(sh @ (Shape::Io | Shape::Zero)) = cx.shape(*p) {
+                return cx.shape(*a) == Some(sh);
             }
             match (cx.weak_dtype(*a), cx.weak_dtype(*p)) {
                 (Some(x), Some(y)) => x.0 == y.0,
@@ -994,7 +1005,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         };
         let graph = cx.m.graph(g);
         for &p in graph.params.iter().chain(cx.fv.get(g)) {
-            if matches!(cx.shape(p)?, Shape::Io | Shape::Stack) {
+            if matches!(cx.shape(p)?, Shape::Io | Shape::Stack | Shape::Zero) {
                 b.vals.insert(p, Vec::new());
                 continue;
             }
@@ -1025,6 +1036,9 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
     fn values(&mut self, n: NodeId, shape: &Shape) -> Option<Vec<SVal>> {
         if *shape == Shape::Stack {
             return Some(Vec::new());
+        }
+        if *shape == Shape::Zero {
+            return (self.cx.shape(n)? == Shape::Zero).then(Vec::new);
         }
         if let Some(c) = self.cx.m.as_const(n) {
             if *c == Const::Unit {
@@ -1083,6 +1097,10 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                 // Within the region; the entry's `()` is passed by the
                 // kernel's caller.
                 (self.cx.shape(a)? == Shape::Stack).then_some(())?;
+                continue;
+            }
+            if shape == Shape::Zero {
+                (self.cx.shape(a)? == Shape::Zero).then_some(())?;
                 continue;
             }
             let (t, _) = shape.scalar()?;
@@ -1199,6 +1217,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     let k = cx.const_index(ins[2])? as i64;
                     vec![*self.keys.get(&k)?]
                 }
+                Prim::Zero => Vec::new(),
                 Prim::Cast => {
                     let (t, _) = shape.scalar()?;
                     let (from, _) = cx.shape(ins[1])?.scalar()?;

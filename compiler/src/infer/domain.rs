@@ -135,6 +135,12 @@ pub enum AbsVal {
     /// Not known yet: the provisional result of a recursive call. Joins as
     /// the identity.
     Bottom,
+    /// The symbolic zero of differentiation (`zero()`: no contribution).
+    /// Only the primitives of differentiation take it apart (`is_zero` is
+    /// true of it and false of every other known value, `gadd` drops it);
+    /// every other rule sees it as `Unknown`, as does a join with anything
+    /// else.
+    Zero,
 }
 
 impl AbsVal {
@@ -185,6 +191,35 @@ impl AbsVal {
         false
     }
 
+    /// The value with every symbolic zero in it seen as `Unknown` (what
+    /// the rules that do not take zeros apart receive).
+    pub fn zero_as_unknown(&self) -> std::borrow::Cow<'_, AbsVal> {
+        use std::borrow::Cow;
+        fn has_zero(v: &AbsVal) -> bool {
+            match v {
+                AbsVal::Zero => true,
+                AbsVal::Tuple(items) => items.iter().any(has_zero),
+                AbsVal::Record(fields) => fields.iter().any(|(_, v)| has_zero(v)),
+                _ => false,
+            }
+        }
+        fn strip(v: &AbsVal) -> AbsVal {
+            match v {
+                AbsVal::Zero => AbsVal::Unknown,
+                AbsVal::Tuple(items) => AbsVal::Tuple(items.iter().map(strip).collect()),
+                AbsVal::Record(fields) => {
+                    AbsVal::Record(fields.iter().map(|(k, v)| (k.clone(), strip(v))).collect())
+                }
+                v => v.clone(),
+            }
+        }
+        if has_zero(self) {
+            Cow::Owned(strip(self))
+        } else {
+            Cow::Borrowed(self)
+        }
+    }
+
     /// A tensor of unknown value.
     pub fn tensor(dtype: DType, shape: &[usize]) -> AbsVal {
         AbsVal::Tensor(AbsTensor::new(dtype, shape.to_vec(), false))
@@ -218,7 +253,7 @@ impl AbsVal {
     /// Whether a function, or a part of unknown type, occurs in the value.
     pub fn has_function_or_unknown(&self) -> bool {
         match self {
-            AbsVal::Func(_) | AbsVal::Unknown => true,
+            AbsVal::Func(_) | AbsVal::Unknown | AbsVal::Zero => true,
             AbsVal::Tuple(items) => items.iter().any(AbsVal::has_function_or_unknown),
             AbsVal::Record(fields) => fields.iter().any(|(_, v)| v.has_function_or_unknown()),
             _ => false,
@@ -300,6 +335,29 @@ impl AbsVal {
 
     /// The same value with closures nested deeper than `depth` (closures
     /// captured by closures) replaced by `Unknown`.
+    /// Adds to `out` the graphs of the closures [`AbsVal::truncate_funcs`]
+    /// replaces (with those they capture): inference loses track of those
+    /// closures, even where other closures of the same graphs remain.
+    pub fn truncated_graphs(&self, depth: usize, out: &mut HashSet<GraphId>) {
+        match self {
+            AbsVal::Func(_) if depth == 0 => self.collect_graphs(out),
+            AbsVal::Func(cs) => {
+                for c in cs {
+                    if let Closure::Graph { captures, .. } = c {
+                        for v in captures.iter() {
+                            v.truncated_graphs(depth - 1, out);
+                        }
+                    }
+                }
+            }
+            AbsVal::Tuple(items) => items.iter().for_each(|v| v.truncated_graphs(depth, out)),
+            AbsVal::Record(fields) => fields
+                .iter()
+                .for_each(|(_, v)| v.truncated_graphs(depth, out)),
+            _ => {}
+        }
+    }
+
     pub fn truncate_funcs(&self, depth: usize) -> AbsVal {
         match self {
             AbsVal::Func(_) if depth == 0 => AbsVal::Unknown,
@@ -353,9 +411,12 @@ impl AbsVal {
                     })
                     .collect(),
             ),
-            AbsVal::Str(_) | AbsVal::DType(_) | AbsVal::Io | AbsVal::Unknown | AbsVal::Bottom => {
-                self.clone()
-            }
+            AbsVal::Str(_)
+            | AbsVal::DType(_)
+            | AbsVal::Io
+            | AbsVal::Unknown
+            | AbsVal::Zero
+            | AbsVal::Bottom => self.clone(),
         }
     }
 }
@@ -371,7 +432,9 @@ pub fn join(a: &AbsVal, b: &AbsVal) -> Option<AbsVal> {
     }
     Some(match (a, b) {
         (AbsVal::Bottom, x) | (x, AbsVal::Bottom) => x.clone(),
-        (AbsVal::Unknown, _) | (_, AbsVal::Unknown) => AbsVal::Unknown,
+        (AbsVal::Unknown | AbsVal::Zero, _) | (_, AbsVal::Unknown | AbsVal::Zero) => {
+            AbsVal::Unknown
+        }
         (AbsVal::Tensor(x), AbsVal::Tensor(y)) => {
             if x.shape != y.shape {
                 return None;
@@ -557,6 +620,7 @@ impl fmt::Display for AbsVal {
             AbsVal::Io => write!(f, "io"),
             AbsVal::Unknown => write!(f, "?"),
             AbsVal::Bottom => write!(f, "never"),
+            AbsVal::Zero => write!(f, "zero"),
         }
     }
 }

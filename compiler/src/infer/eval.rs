@@ -750,7 +750,11 @@ impl<'a> Interp<'a> {
                     .map(|c| c.truncate_funcs(MAX_CLOSURE_DEPTH))
                     .collect();
                 if truncated != captures {
-                    self.lose(&captures, &truncated);
+                    let mut lost = HashSet::default();
+                    for c in &captures {
+                        c.truncated_graphs(MAX_CLOSURE_DEPTH, &mut lost);
+                    }
+                    self.escaped.borrow_mut().extend(lost);
                 }
                 let captures = truncated.into();
                 Ok(AbsVal::Func(vec![Closure::Graph {
@@ -911,7 +915,7 @@ impl<'a> Interp<'a> {
         let closures = match f {
             AbsVal::Func(cs) => cs,
             AbsVal::Bottom => return Ok((AbsVal::Bottom, Vec::new())),
-            AbsVal::Unknown => {
+            AbsVal::Unknown | AbsVal::Zero => {
                 self.lose(&args, &[]);
                 return Ok((AbsVal::Unknown, Vec::new()));
             }

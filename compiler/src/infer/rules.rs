@@ -81,6 +81,26 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
     if p != Prim::Switch && args.iter().any(AbsVal::is_bottom) {
         return Ok(AbsVal::Bottom);
     }
+    // The symbolic zero is taken apart by the primitives of
+    // differentiation alone; the others see it as `Unknown`.
+    let stripped: Vec<AbsVal>;
+    let args = if takes_zero(p) {
+        if matches!(p, Prim::TupleGet | Prim::RecordGet) && args[0] == AbsVal::Zero {
+            return Ok(AbsVal::Unknown);
+        }
+        args
+    } else if args
+        .iter()
+        .any(|a| matches!(a.zero_as_unknown(), std::borrow::Cow::Owned(_)))
+    {
+        stripped = args
+            .iter()
+            .map(|a| a.zero_as_unknown().into_owned())
+            .collect();
+        &stripped
+    } else {
+        args
+    };
     if !keeps_unknown(p) && args.iter().any(|a| matches!(a, AbsVal::Unknown)) {
         return Ok(AbsVal::Unknown);
     }
@@ -348,8 +368,13 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         // structure (it stands for a zero of any shape), nor do
         // environments: both are `Unknown`, and the rules below let
         // `Unknown` through where the result's type is known anyway.
-        Prim::Zero => Ok(AbsVal::Unknown),
-        Prim::IsZero => Ok(AbsVal::scalar(DType::Bool)),
+        Prim::Zero => Ok(AbsVal::Zero),
+        // A known tensor is never the symbolic zero.
+        Prim::IsZero => Ok(match &args[0] {
+            AbsVal::Zero => AbsVal::bool(true),
+            AbsVal::Tensor(_) => AbsVal::bool(false),
+            _ => AbsVal::scalar(DType::Bool),
+        }),
         Prim::GAdd => Ok(gadd(&args[0], &args[1])),
         Prim::EnvSetitem | Prim::EnvGetitem => {
             if args[1] != AbsVal::Unknown {
@@ -574,6 +599,27 @@ fn keeps_unknown(p: Prim) -> bool {
         | Category::Contract
         | Category::Create => false,
     }
+}
+
+/// Primitives whose rule takes the symbolic zero ([`AbsVal::Zero`]) as
+/// itself: those that build and take apart structures, choose, and the
+/// tests and sums of differentiation. (A projection of the zero itself is
+/// unknown.)
+fn takes_zero(p: Prim) -> bool {
+    matches!(
+        p,
+        Prim::MakeTuple
+            | Prim::MakeRecord
+            | Prim::TupleGet
+            | Prim::RecordGet
+            | Prim::Switch
+            | Prim::Zero
+            | Prim::IsZero
+            | Prim::GAdd
+            | Prim::GradFinalize
+            | Prim::TupleGrad
+            | Prim::RecordGrad
+    )
 }
 
 fn check_arity(p: Prim, n: usize) -> Result<(), RuleError> {
@@ -1247,7 +1293,10 @@ fn tensor_literal(args: &[AbsVal]) -> Rule {
 /// checks).
 fn gadd(a: &AbsVal, b: &AbsVal) -> AbsVal {
     match (a, b) {
-        (AbsVal::Unknown, x) | (x, AbsVal::Unknown) => x.clone(),
+        (AbsVal::Zero, x) | (x, AbsVal::Zero) => x.clone(),
+        // An unknown cotangent has the other's type (or is zero), but may
+        // add to any part the other has as zero.
+        (AbsVal::Unknown, x) | (x, AbsVal::Unknown) => x.zero_as_unknown().into_owned(),
         (AbsVal::Tensor(x), AbsVal::Tensor(y)) => {
             let args = [a.clone(), b.clone()];
             let r = if x.dtype == DType::Bool && y.dtype == DType::Bool {
@@ -1290,12 +1339,13 @@ fn finalized(x: &AbsVal) -> AbsVal {
                 .collect(),
         ),
         AbsVal::Unknown | AbsVal::Bottom => x.clone(),
+        AbsVal::Zero => AbsVal::Unknown,
         AbsVal::Str(_) | AbsVal::Func(_) | AbsVal::DType(_) | AbsVal::Io => AbsVal::unit(),
     }
 }
 
 /// `tuple_grad(t, i, d)`: a tuple as long as `t`, `d` at position `i` and
-/// symbolic zeros (`Unknown`) elsewhere.
+/// symbolic zeros elsewhere.
 fn tuple_grad(t: &AbsVal, i: &AbsVal, d: &AbsVal) -> Rule {
     let op = "tuple_grad";
     let items = match t {
@@ -1304,10 +1354,10 @@ fn tuple_grad(t: &AbsVal, i: &AbsVal, d: &AbsVal) -> Rule {
         _ => return fail(format!("{op}: expected a tuple, got {t}")),
     };
     let n = items.len() as i64;
-    let mut out = vec![AbsVal::Unknown; items.len()];
     if *i == AbsVal::Unknown {
-        return Ok(AbsVal::Tuple(out));
+        return Ok(AbsVal::Tuple(vec![AbsVal::Unknown; items.len()]));
     }
+    let mut out = vec![AbsVal::Zero; items.len()];
     if let Some(k) = int_scalar(op, "index", i)?.scalar_value() {
         let j = if k < 0 { k + n } else { k };
         if !(0..n).contains(&j) {
@@ -1321,7 +1371,7 @@ fn tuple_grad(t: &AbsVal, i: &AbsVal, d: &AbsVal) -> Rule {
 }
 
 /// `record_grad(r, name, d)`: a record with `r`'s fields, `d` in field
-/// `name` and symbolic zeros (`Unknown`) elsewhere.
+/// `name` and symbolic zeros elsewhere.
 fn record_grad(r: &AbsVal, name: &AbsVal, d: &AbsVal) -> Rule {
     let op = "record_grad";
     let fields = match r {
@@ -1345,6 +1395,8 @@ fn record_grad(r: &AbsVal, name: &AbsVal, d: &AbsVal) -> Rule {
             .map(|(m, _)| {
                 let v = if Some(m) == name {
                     d.clone()
+                } else if name.is_some() {
+                    AbsVal::Zero
                 } else {
                     AbsVal::Unknown
                 };

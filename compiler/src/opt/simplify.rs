@@ -94,6 +94,15 @@ impl Rewriter<'_> {
                     self.m.add_const(Const::Bool(b), loc)
                 })
             }
+            // The zero cotangent of a float literal (weak f64) is `0.0`.
+            Prim::GradFinalize
+                if args.len() == 2
+                    && self.m.applied_prim(args[0]) == Some(Prim::Zero)
+                    && matches!(self.m.as_const(args[1]), Some(Const::Float(_))) =>
+            {
+                let loc = self.m.node(n).loc;
+                Some(self.m.add_const(Const::Float(0.0), loc))
+            }
             Prim::Switch if args.len() == 3 => match self.m.as_const(args[0]) {
                 Some(Const::Bool(true)) => Some(args[1]),
                 Some(Const::Bool(false)) => Some(args[2]),

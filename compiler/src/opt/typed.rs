@@ -84,6 +84,15 @@ impl Rewriter<'_> {
                     {
                         Some(self.m.add_prim(g, Prim::ZerosLike, &[x], loc))
                     }
+                    // The zero cotangent of a weak float scalar: the
+                    // literal `0.0`.
+                    (Some(AbsVal::Tensor(t)), _)
+                        if t.shape.is_empty()
+                            && t.dtype == adjoint_runtime::tensor::DType::F64
+                            && self.m.applied_prim(d) == Some(Prim::Zero) =>
+                    {
+                        Some(self.m.add_const(Const::Float(0.0), loc))
+                    }
                     // (A weak one: `grad_finalize` makes the zeros.)
                     (Some(AbsVal::Tensor(t)), _) if !t.dtype.is_float() => None,
                     // A tensor cotangent of the value's exact type needs
@@ -290,6 +299,10 @@ impl Rewriter<'_> {
                     }
                     _ => None,
                 }
+            }
+            // The symbolic zero (the `is_zero` tests on it then fold).
+            AbsVal::Zero if self.m.applied_prim(n) != Some(Prim::Zero) => {
+                Some(self.m.add_prim(g, Prim::Zero, &[], loc))
             }
             AbsVal::Tuple(items) => {
                 let mut parts = Vec::with_capacity(items.len());
