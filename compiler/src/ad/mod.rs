@@ -1385,6 +1385,55 @@ mod tests {
         }
     }
 
+    /// The key of a captured value is the same whether a compile-time
+    /// transform's node or a run-time placeholder holds it, whatever `J`
+    /// levels carry it, and after a run-time lift adds an innermost level.
+    #[test]
+    fn env_keys_name_the_value_and_its_tangent_path() {
+        let mut prov = Provenance::default();
+        let x = NodeId(1);
+        // `F(F(e))` at compile time: the inner level's nodes, then the outer's.
+        let (x1, dx1) = (NodeId(10), NodeId(11));
+        prov.origin.insert(x1, x);
+        prov.tangent_origin.insert(dx1, x);
+        let (x2, d_out, dx2, dd) = (NodeId(20), NodeId(21), NodeId(22), NodeId(23));
+        prov.origin.insert(x2, x1);
+        prov.tangent_origin.insert(d_out, x1);
+        prov.origin.insert(dx2, dx1);
+        prov.tangent_origin.insert(dd, dx1);
+        // `J` over it.
+        let j = NodeId(40);
+        prov.origin.insert(j, dx2);
+        prov.j_origin.insert(j);
+        // The placeholders of `F(F(g))` built at run time.
+        let ph = |prov: &mut Provenance, id: u32, path: &[bool]| {
+            let p = NodeId(id);
+            prov.placeholder_of.insert(p, (x, path.to_vec()));
+            prov.placeholder.insert((x, path.to_vec()), p);
+            p
+        };
+        let p1 = ph(&mut prov, 30, &[true]);
+        let p01 = ph(&mut prov, 31, &[false, true]);
+        let p11 = ph(&mut prov, 32, &[true, true]);
+        let k = |n: NodeId, f_level: usize| env_key(&prov, n, f_level);
+        assert_eq!(k(x2, 0), k(x, 2));
+        assert_eq!(k(x2, 0), 1);
+        assert_eq!(k(dx2, 0), k(p1, 2));
+        assert_eq!(k(d_out, 0), k(p01, 2));
+        assert_eq!(k(dd, 0), k(p11, 2));
+        assert_eq!(k(j, 0), k(dx2, 0));
+        let all = [k(x2, 0), k(dx2, 0), k(d_out, 0), k(dd, 0)];
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        // Lifting `F(g)` (tangent `[true]`) into `F(F(g))` makes it the
+        // outer level's tangent `[false, true]`; the new inner one differs.
+        assert_eq!(k(p1, 1), k(p01, 2));
+        assert_ne!(k(p1, 1), k(p1, 2));
+    }
+
     /// The start-up checks report a rule removed from the tables (lowering
     /// itself passed them with the full tables).
     #[test]
