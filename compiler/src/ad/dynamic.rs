@@ -32,7 +32,7 @@
 //!
 //! Forward graphs built here take, besides each captured value, its
 //! tangents (placeholder free variables, [`Provenance::placeholder`]),
-//! one per path of tangent steps through the world's levels, so in
+//! one per path of tangent steps through the world's forward levels, so in
 //! `F(F(g))` the inner tangent, the outer one and the tangent of the
 //! tangent are distinct: zero for a level the closure was lifted into
 //! from outside the differentiated code, the tangent the forward code
