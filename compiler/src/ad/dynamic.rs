@@ -31,9 +31,14 @@
 //! through at every order.
 //!
 //! Forward graphs built here take, besides each captured value, its
-//! tangent (a placeholder free variable, [`Provenance::placeholder`]):
-//! zero for a closure lifted from outside the differentiated code, the
-//! tangent the forward code computed for a closure it made.
+//! tangents (placeholder free variables, [`Provenance::placeholder`]),
+//! one per path of tangent steps through the world's forward levels, so in
+//! `F(F(g))` the inner tangent, the outer one and the tangent of the
+//! tangent are distinct: zero for a level the closure was lifted into
+//! from outside the differentiated code, the tangent the forward code
+//! computed for a closure it made. Peeling maps a compile-time
+//! transform's captures to the same (free variable, path) pairs, and
+//! lifting into a new level shifts the paths to the levels they keep.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
@@ -67,6 +72,10 @@ struct State {
     graph_of: HashMap<CodeId, GraphId>,
     /// Graphs built here (their free variables are their source's).
     built: HashSet<GraphId>,
+    /// The module's graph count when the program started: graphs from
+    /// here on were made at run time (they use captured values as they
+    /// are: lifted).
+    first_run_time: u32,
     lifts: HashMap<(GraphId, u8), GraphId>,
     requests: HashMap<(GraphId, String, String, i64), GraphId>,
     /// The free variables of the module, computed when first needed after
@@ -104,6 +113,7 @@ impl DynAd {
         n_locs: u32,
     ) -> DynAd {
         let graph_of = code_of.iter().map(|(g, c)| (*c, *g)).collect();
+        let first_run_time = m.graph_ids().count() as u32;
         DynAd {
             state: Mutex::new(State {
                 m,
@@ -113,6 +123,7 @@ impl DynAd {
                 code_of,
                 graph_of,
                 built: HashSet::new(),
+                first_run_time,
                 lifts: HashMap::new(),
                 requests: HashMap::new(),
                 fv: None,
@@ -176,13 +187,21 @@ impl DynAd {
     }
 
     /// `J(g)` (mode 1) or `F(g)` (mode 2) with its free variables used as
-    /// they are.
-    fn transformed(&self, st: &mut State, g: GraphId, mode: u8) -> Result<GraphId, String> {
+    /// they are; `g` has `f_level` forward transforms already (the
+    /// tangents of captured values `F` adds are that level's).
+    fn transformed(
+        &self,
+        st: &mut State,
+        g: GraphId,
+        mode: u8,
+        f_level: usize,
+    ) -> Result<GraphId, String> {
         if let Some(t) = st.lifts.get(&(g, mode)) {
             return Ok(*t);
         }
         let mut ad = st.ad();
         ad.lift_outside = false;
+        ad.f_level = f_level;
         ad.fv = free_variables(ad.m);
         let loc = ad.m.graph(g).loc;
         let t = if mode == 1 {
@@ -198,17 +217,21 @@ impl DynAd {
 
     /// `g` with the transforms of `world` applied, innermost first.
     fn in_world(&self, st: &mut State, mut g: GraphId, world: &[u8]) -> Result<GraphId, String> {
-        for &mode in world {
-            g = self.transformed(st, g, mode)?;
+        for (level, &mode) in world.iter().enumerate() {
+            g = self.transformed(st, g, mode, f_level(world, level))?;
         }
         Ok(g)
     }
 
     /// Takes the transforms of `world` (innermost first) off closure `f`:
     /// the original graph, and for each of its free variables the value
-    /// captured for it with the world that value is in (a transform
-    /// built at compile time may capture a value as it is and lift it
-    /// inside: that value lacks that transform).
+    /// captured for it, as an [`Entry`]: the original's free variable it
+    /// stands for, the tangent steps between (a transform built at compile
+    /// time captures its own primal and tangent nodes; one built here the
+    /// original's free variables and placeholders for their tangents), and
+    /// the levels of `world` the value is in (a transform built at compile
+    /// time may capture a value as it is and lift it inside: that value
+    /// lacks that level).
     fn peel(
         &self,
         st: &mut State,
@@ -218,22 +241,25 @@ impl DynAd {
         st.refresh_fv();
         let fv = st.fv.as_ref().expect("refreshed");
         let mut g = Self::graph_of(st, f)?;
+        let all: Vec<usize> = (0..world.len()).collect();
         let mut entries: Vec<Entry> = fv
             .get(g)
             .iter()
             .zip(&f.captures)
             .map(|(u, v)| match st.prov.placeholder_of.get(u) {
-                Some(x) => Entry {
+                Some((x, path)) => Entry {
                     node: *x,
                     value: v.clone(),
-                    world: world.to_vec(),
-                    tangent: true,
+                    levels: all.clone(),
+                    path: path.clone(),
+                    known: true,
                 },
                 None => Entry {
                     node: *u,
                     value: v.clone(),
-                    world: world.to_vec(),
-                    tangent: false,
+                    levels: all.clone(),
+                    path: Vec::new(),
+                    known: false,
                 },
             })
             .collect();
@@ -247,17 +273,22 @@ impl DynAd {
                 return Err("internal error: the nesting of transforms does not match".into());
             }
             if !st.built.contains(&g) {
-                for e in entries.iter_mut() {
+                let run_time = g.0 >= st.first_run_time;
+                for e in entries.iter_mut().filter(|e| !e.known) {
                     if let Some(x) = st.prov.origin.get(&e.node) {
                         e.node = *x;
-                    } else if e.tangent {
-                        // The tangent of a value captured as it was.
                     } else if let Some(x) = st.prov.tangent_origin.get(&e.node) {
                         e.node = *x;
-                        e.tangent = true;
+                        let l = f_level(world, depth);
+                        if e.path.len() <= l {
+                            e.path.resize(l + 1, false);
+                        }
+                        e.path[l] = true;
+                    } else if run_time {
+                        // Used as it is: the capture arrived lifted.
                     } else {
                         // Captured as it was and lifted inside.
-                        e.world.remove(depth);
+                        e.levels.retain(|l| *l != depth);
                     }
                 }
             }
@@ -266,31 +297,39 @@ impl DynAd {
         Ok((g, entries))
     }
 
-    /// Value `v`, given in world `from`, in world `to` (which has the
-    /// transforms of `from` and more).
-    fn relift(&self, st: &mut State, v: &Value, from: &[u8], to: &[u8]) -> Result<Value, String> {
-        if from == to {
+    /// Value `v`, given in world `from`, in world `to`, which has the
+    /// transforms of `from` and more: level `i` of `from` is level
+    /// `embed[i]` of `to`.
+    fn relift(
+        &self,
+        st: &mut State,
+        v: &Value,
+        from: &[u8],
+        to: &[u8],
+        embed: &[usize],
+    ) -> Result<Value, String> {
+        if from.len() == to.len() {
             return Ok(v.clone());
         }
         Ok(match v {
             Value::Func(c) => {
                 let (g, entries) = self.peel(st, c, from)?;
                 let t = self.in_world(st, g, to)?;
-                let captures = self.captures(st, t, &entries, to)?;
+                let captures = self.captures(st, t, &entries, from, to, embed)?;
                 let code = self.compile(st, t)?;
                 Value::Func(Arc::new(Closure { code, captures }))
             }
             Value::Tuple(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for x in items.iter() {
-                    out.push(self.relift(st, x, from, to)?);
+                    out.push(self.relift(st, x, from, to, embed)?);
                 }
                 Value::Tuple(Arc::from(out))
             }
             Value::Record(r) => {
                 let mut fields = Vec::with_capacity(r.fields.len());
                 for (k, x) in &r.fields {
-                    fields.push((k.clone(), self.relift(st, x, from, to)?));
+                    fields.push((k.clone(), self.relift(st, x, from, to, embed)?));
                 }
                 Value::Record(Arc::new(Record::new(fields)))
             }
@@ -299,29 +338,42 @@ impl DynAd {
     }
 
     /// The captures of a closure of graph `t` (whose free variables are
-    /// those of a peeled original), in world `to`.
+    /// those of an original peeled in world `peeled`, and placeholders for
+    /// their tangents), in world `to`; level `i` of `peeled` is level
+    /// `embed[i]` of `to`.
     fn captures(
         &self,
         st: &mut State,
         t: GraphId,
         entries: &[Entry],
+        peeled: &[u8],
         to: &[u8],
+        embed: &[usize],
     ) -> Result<Vec<Value>, String> {
         st.refresh_fv();
         let needed = st.fv.as_ref().expect("refreshed").get(t).to_vec();
+        // Forward level `i` of `peeled` is forward level `f_embed[i]` of `to`.
+        let f_embed: Vec<usize> = (0..peeled.len())
+            .filter(|l| peeled[*l] == 2)
+            .map(|l| f_level(to, embed[l]))
+            .collect();
         let mut captures = Vec::new();
         for u in needed {
-            if let Some(x) = st.prov.placeholder_of.get(&u).copied() {
-                // The tangent of a captured value: zero unless the closure
-                // came with one.
-                let d = entries.iter().find(|e| e.node == x && e.tangent);
+            if let Some((x, path)) = st.prov.placeholder_of.get(&u).cloned() {
+                // A tangent of a captured value: zero unless the closure
+                // came with it (a level it lacks has none).
+                let d = entries
+                    .iter()
+                    .find(|e| e.node == x && !e.path.is_empty() && e.embedded(&f_embed) == path);
                 captures.push(d.map_or(Value::Zero, |e| e.value.clone()));
                 continue;
             }
-            let Some(e) = entries.iter().find(|e| e.node == u && !e.tangent) else {
+            let Some(e) = entries.iter().find(|e| e.node == u && e.path.is_empty()) else {
                 return Err("internal error: a captured value went missing".into());
             };
-            captures.push(self.relift(st, &e.value, &e.world, to)?);
+            let from: Vec<u8> = e.levels.iter().map(|l| peeled[*l]).collect();
+            let inner: Vec<usize> = e.levels.iter().map(|l| embed[*l]).collect();
+            captures.push(self.relift(st, &e.value, &from, to, &inner)?);
         }
         Ok(captures)
     }
@@ -348,7 +400,8 @@ impl DynAd {
                 r
             }
         };
-        let captures = self.captures(st, r, &entries, &world)?;
+        let same: Vec<usize> = (0..world.len()).collect();
+        let captures = self.captures(st, r, &entries, &world, &world, &same)?;
         let code = self.compile(st, r)?;
         Ok(Value::Func(Arc::new(Closure { code, captures })))
     }
@@ -405,13 +458,37 @@ impl DynAd {
 }
 
 /// A captured value of a peeled closure: the free variable of the
-/// original it stands for, and the world the value is in.
+/// original it stands for, and the levels of the peeled world the value
+/// is in.
 struct Entry {
     node: NodeId,
     value: Value,
-    world: Vec<u8>,
-    /// The value is the tangent of `node`'s value.
-    tangent: bool,
+    levels: Vec<usize>,
+    /// The tangent steps from `node`'s value to this one, by forward level
+    /// of the peeled world (innermost first, as in
+    /// [`Provenance::placeholder`]), ending with a tangent step; empty for
+    /// `node`'s value itself.
+    path: Vec<bool>,
+    /// `node` and `path` are final (the capture is a placeholder).
+    known: bool,
+}
+
+impl Entry {
+    /// `path` in a world where forward level `i` of the peeled one is
+    /// `embed[i]`.
+    fn embedded(&self, embed: &[usize]) -> Vec<bool> {
+        let mut out = Vec::new();
+        for (i, t) in self.path.iter().enumerate() {
+            if *t {
+                let l = embed[i];
+                if out.len() <= l {
+                    out.resize(l + 1, false);
+                }
+                out[l] = true;
+            }
+        }
+        out
+    }
 }
 
 /// The transforms of nesting code `wrap` (base 3, outermost in the lowest
@@ -425,6 +502,12 @@ fn world_of(wrap: i64) -> Vec<u8> {
     }
     v.reverse();
     v
+}
+
+/// The number of forward transforms below level `level` of `world`
+/// (innermost first): the forward level of a tangent taken there.
+fn f_level(world: &[u8], level: usize) -> usize {
+    world[..level].iter().filter(|m| **m == 2).count()
 }
 
 /// A graph's name as messages show it.
@@ -446,7 +529,9 @@ impl Dynamic for DynAd {
                 let from = world_of(*wrap);
                 let mut to = vec![*mode];
                 to.extend_from_slice(&from);
-                self.relift(&mut st, f, &from, &to)
+                // The new transform is the innermost.
+                let embed: Vec<usize> = (1..to.len()).collect();
+                self.relift(&mut st, f, &from, &to, &embed)
             }
             DynOp::Request {
                 kind,

@@ -198,9 +198,25 @@ impl Ad<'_> {
     }
 
     /// The free variable that holds the tangent of captured value `n` in
-    /// forward graphs built at run time.
+    /// forward graphs built at run time, at forward level `self.f_level`.
+    /// `n` is a captured node (a free variable of the original) or the
+    /// placeholder of a tangent of one from a lower level; the tangent of
+    /// its value is keyed by the captured node and the path of tangent
+    /// steps ([`super::Provenance::placeholder`]), so each level's tangent
+    /// is a free variable of its own.
     fn tangent_placeholder(&mut self, n: NodeId) -> NodeId {
-        if let Some(p) = self.prov.placeholder.get(&n) {
+        let (root, mut path) = match self.prov.placeholder_of.get(&n) {
+            Some((r, p)) => (*r, p.clone()),
+            None => (n, Vec::new()),
+        };
+        debug_assert!(
+            path.len() <= self.f_level,
+            "a placeholder from a lower level"
+        );
+        path.resize(self.f_level, false);
+        path.push(true);
+        let key = (root, path);
+        if let Some(p) = self.prov.placeholder.get(&key) {
             return *p;
         }
         let holder = match self.prov.holder {
@@ -214,8 +230,8 @@ impl Ad<'_> {
             }
         };
         let p = self.m.add_param(holder, "", Loc::NONE);
-        self.prov.placeholder.insert(n, p);
-        self.prov.placeholder_of.insert(p, n);
+        self.prov.placeholder_of.insert(p, key.clone());
+        self.prov.placeholder.insert(key, p);
         p
     }
 

@@ -135,60 +135,83 @@ pub struct Provenance {
     /// A tangent node of an `F` graph → the original node it is the
     /// tangent of.
     pub tangent_origin: HashMap<NodeId, NodeId>,
+    /// The nodes of `origin` that `J` made: reverse mode carries values
+    /// through unchanged, so [`env_key`] leaves their steps out.
+    pub j_origin: HashSet<NodeId>,
     /// Forward graphs built at run time take the tangents of their
     /// captured values as free variables too: placeholder nodes (params of
-    /// the graph `holder`), by the captured node, and back.
-    pub placeholder: HashMap<NodeId, NodeId>,
-    pub placeholder_of: HashMap<NodeId, NodeId>,
+    /// the graph `holder`), by the value each stands for, and back. That
+    /// value is a captured node and a path: the steps from the node's
+    /// value, one per forward level (innermost first, `true` for a
+    /// tangent, `false` for a value carried through; `J` levels, which
+    /// only carry values, are not counted), ending with the placeholder's
+    /// own, `true`. In `F(F(g))` built at run time the captured `x` has
+    /// three: `[true]` (the inner tangent, which the outer level carries),
+    /// `[false, true]` and `[true, true]`.
+    pub placeholder: HashMap<(NodeId, Vec<bool>), NodeId>,
+    pub placeholder_of: HashMap<NodeId, (NodeId, Vec<bool>)>,
     pub holder: Option<GraphId>,
 }
 
 /// The environment key under which a backpropagator gives the cotangent
-/// of free variable `n` of the closure it belongs to.
+/// of free variable `n` of the closure it belongs to, a closure of a graph
+/// with `f_level` forward transforms (only graphs built at run time need
+/// it: they take tangents as placeholders).
 ///
 /// It names the value `n` holds, not the node: the original node it comes
-/// from ([`Provenance::origin`]), and the tangent steps between
-/// ([`Provenance::tangent_origin`], [`Provenance::placeholder_of`]),
-/// without the transforms that only carry the value through above the
-/// last tangent step. A closure transformed at compile time captures the
-/// enclosing transform's nodes (`J(f)`'s `x`), one built at run time
-/// ([`dynamic`]) the original's (`f`'s `x`, and a placeholder for its
-/// tangent); keying both alike lets the cotangents of captures flow
-/// between them at every order. Within one closure the keys stay
-/// distinct: its free variables are its transform's nodes for distinct
-/// original values.
+/// from ([`Provenance::origin`]), and the forward steps between (a value
+/// carried through, or a tangent: [`Provenance::tangent_origin`],
+/// [`Provenance::placeholder_of`]), counted from the outermost forward
+/// transform inwards, without `J`'s steps (reverse mode carries values
+/// unchanged) and without the steps below the innermost tangent step
+/// (values carried, or captured as they were and lifted inside). A
+/// closure transformed at compile time captures the enclosing transform's
+/// nodes (`J(f)`'s `x`), one built at run time ([`dynamic`]) the
+/// original's (`f`'s `x`, and placeholders for its tangents), and lifting
+/// a closure at run time adds an innermost level; keying all alike lets
+/// the cotangents of captures flow between them at every order. Within
+/// one closure the keys stay distinct: its free variables are its
+/// transform's nodes for distinct original values.
 ///
 /// A key is the original node's id when no tangent step is taken, else
-/// the steps from the original outwards (1 for a tangent, 0 for a value
-/// carried through) as bits under a leading 1, above the node's id.
-pub fn env_key(prov: &Provenance, n: NodeId) -> i64 {
+/// the forward steps from the outermost inwards (1 for a tangent, 0 for a
+/// value carried through) as bits under a leading 1, above the node's id.
+pub fn env_key(prov: &Provenance, n: NodeId, f_level: usize) -> i64 {
     let mut k = n;
     // Outermost first.
     let mut steps: Vec<bool> = Vec::new();
     loop {
         if let Some(o) = prov.origin.get(&k) {
-            steps.push(false);
+            if !prov.j_origin.contains(&k) {
+                steps.push(false);
+            }
             k = *o;
         } else if let Some(o) = prov.tangent_origin.get(&k) {
             steps.push(true);
             k = *o;
-        } else if let Some(o) = prov.placeholder_of.get(&k) {
-            steps.push(true);
+        } else if let Some((o, path)) = prov.placeholder_of.get(&k) {
+            // The path counts levels from the innermost, `below` of them.
+            let below = f_level.saturating_sub(steps.len()).max(path.len());
+            steps.extend(
+                (0..below)
+                    .rev()
+                    .map(|l| path.get(l).copied().unwrap_or(false)),
+            );
             k = *o;
         } else {
             break;
         }
     }
-    let carried = steps.iter().take_while(|t| !**t).count();
-    let path = &steps[carried..];
+    let inner = steps.iter().rev().take_while(|t| !**t).count();
+    let path = &steps[..steps.len() - inner];
     if path.is_empty() {
         return k.0 as i64;
     }
-    // Root outwards. Past 27 bits (never reached: each transform
-    // multiplies the code's size) the oldest steps are dropped, so such
+    // Outermost first. Past 27 bits (never reached: each transform
+    // multiplies the code's size) the outermost steps are dropped, so such
     // keys may coincide.
     let mut code: u64 = 1;
-    for t in path.iter().rev() {
+    for t in path.iter() {
         code = (code << 1) | u64::from(*t);
         if code >= 1 << 28 {
             code = (code & ((1 << 27) - 1)) | (1 << 27);
@@ -247,6 +270,10 @@ struct Ad<'a> {
     /// Whether a request differentiates its source through `ad_lift` of
     /// the source's closure (requests built at run time).
     lift_source: bool,
+    /// The forward level of the forward graphs built at run time (how
+    /// many forward transforms the transformed graph already has): the
+    /// tangent step a placeholder takes ([`Provenance::placeholder`]).
+    f_level: usize,
     /// `ad_lift(n, mode)` made in a graph, by (graph, n, mode).
     lifted: HashMap<(GraphId, NodeId, u8), NodeId>,
     /// Graphs on (or reached from) a cycle of tail calls: loops and tail
@@ -304,6 +331,7 @@ impl<'a> Ad<'a> {
             fv: FreeVars::default(),
             lift_outside: true,
             lift_source: false,
+            f_level: 0,
             lifted: HashMap::new(),
             tail_set: None,
             jk_graphs: HashMap::new(),
@@ -346,7 +374,7 @@ impl<'a> Ad<'a> {
 
     /// The environment key of free variable `n`, see [`env_key`].
     fn env_key(&mut self, n: NodeId, loc: Loc) -> NodeId {
-        let k = env_key(self.prov, n);
+        let k = env_key(self.prov, n, self.f_level);
         self.konst(Const::Int(k), loc)
     }
 
@@ -717,6 +745,7 @@ impl<'a> Ad<'a> {
             let jp = self.m.add_param(jf, nm, self.m.node(*p).loc);
             self.node_map.insert(*p, jp);
             self.prov.origin.insert(jp, *p);
+            self.prov.j_origin.insert(jp);
         }
         if stacked.is_some() {
             self.m.add_param(jf, "stack", floc);
@@ -801,6 +830,7 @@ impl<'a> Ad<'a> {
             let bp = self.get(jf, r, 1, yloc);
             self.node_map.insert(y, yv);
             self.prov.origin.insert(yv, y);
+            self.prov.j_origin.insert(yv);
             bps.insert(y, bp);
         }
         let out_v = if tail.is_some() {
@@ -1220,6 +1250,7 @@ impl<'a> Ad<'a> {
                 let x = self.m.add_param(jg, nm, loc);
                 let orig = self.m.graph(f).params[i];
                 self.prov.origin.insert(x, orig);
+                self.prov.j_origin.insert(x);
                 x
             })
             .collect();
@@ -1376,6 +1407,55 @@ mod tests {
             Ok(l) => l,
             Err(d) => panic!("{d:?}"),
         }
+    }
+
+    /// The key of a captured value is the same whether a compile-time
+    /// transform's node or a run-time placeholder holds it, whatever `J`
+    /// levels carry it, and after a run-time lift adds an innermost level.
+    #[test]
+    fn env_keys_name_the_value_and_its_tangent_path() {
+        let mut prov = Provenance::default();
+        let x = NodeId(1);
+        // `F(F(e))` at compile time: the inner level's nodes, then the outer's.
+        let (x1, dx1) = (NodeId(10), NodeId(11));
+        prov.origin.insert(x1, x);
+        prov.tangent_origin.insert(dx1, x);
+        let (x2, d_out, dx2, dd) = (NodeId(20), NodeId(21), NodeId(22), NodeId(23));
+        prov.origin.insert(x2, x1);
+        prov.tangent_origin.insert(d_out, x1);
+        prov.origin.insert(dx2, dx1);
+        prov.tangent_origin.insert(dd, dx1);
+        // `J` over it.
+        let j = NodeId(40);
+        prov.origin.insert(j, dx2);
+        prov.j_origin.insert(j);
+        // The placeholders of `F(F(g))` built at run time.
+        let ph = |prov: &mut Provenance, id: u32, path: &[bool]| {
+            let p = NodeId(id);
+            prov.placeholder_of.insert(p, (x, path.to_vec()));
+            prov.placeholder.insert((x, path.to_vec()), p);
+            p
+        };
+        let p1 = ph(&mut prov, 30, &[true]);
+        let p01 = ph(&mut prov, 31, &[false, true]);
+        let p11 = ph(&mut prov, 32, &[true, true]);
+        let k = |n: NodeId, f_level: usize| env_key(&prov, n, f_level);
+        assert_eq!(k(x2, 0), k(x, 2));
+        assert_eq!(k(x2, 0), 1);
+        assert_eq!(k(dx2, 0), k(p1, 2));
+        assert_eq!(k(d_out, 0), k(p01, 2));
+        assert_eq!(k(dd, 0), k(p11, 2));
+        assert_eq!(k(j, 0), k(dx2, 0));
+        let all = [k(x2, 0), k(dx2, 0), k(d_out, 0), k(dd, 0)];
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        // Lifting `F(g)` (tangent `[true]`) into `F(F(g))` makes it the
+        // outer level's tangent `[false, true]`; the new inner one differs.
+        assert_eq!(k(p1, 1), k(p01, 2));
+        assert_ne!(k(p1, 1), k(p1, 2));
     }
 
     /// The start-up checks report a rule removed from the tables (lowering
