@@ -1203,12 +1203,12 @@ fn cotangent_structures_and_symbolic_zeros() {
         .infer(main, &[t(F32, &[2, 3]), t(F32, &[3]), AbsVal::Str(None)])
         .unwrap();
     let cases = [
-        (z, "?"),
+        (z, "zero"),
         (isz, "bool[]"),
         (isx, "bool[]"),
         (a1, "f32[2, 3]"),
         (a2, "f32[2, 3]"),
-        (a3, "?"),
+        (a3, "zero"),
         (a4, "f32[2, 3]"),
         (a5, "f32[2, 3]"),
         (a6, "(f32[2, 3], f32[3])"),
@@ -1218,17 +1218,20 @@ fn cotangent_structures_and_symbolic_zeros() {
         (e2, "?"),
         (f1, "(f32[2, 3], {w: f32[2, 3], b: f32[3], name: ()}, ())"),
         (f2, "f32[2, 3]"),
-        (tg, "(?, f32[3], ?)"),
-        (tg2, "(?, ?, f32[3])"),
-        (rg, "{w: ?, b: f32[3], name: ?}"),
+        (tg, "(zero, f32[3], zero)"),
+        (tg2, "(zero, zero, f32[3])"),
+        (rg, "{w: zero, b: f32[3], name: zero}"),
         (fill, "{w: f32[2, 3], b: f32[3]}"),
         (fill_z, "?"),
     ];
     for (n, want) in cases {
         assert_eq!(ir.ty(&types, n), want);
     }
-    // is_zero is not folded: the symbolic zero is a run-time notion.
-    assert_eq!(types.value_of(isx).unwrap().const_int(), None);
+    // is_zero folds: true of the symbolic zero, false of a known tensor.
+    assert_eq!(types.value_of(isz).unwrap().const_int(), Some(1));
+    assert_eq!(types.value_of(isx).unwrap().const_int(), Some(0));
+    // A cotangent of unknown type may add to any part of a structure.
+    assert_eq!(ir.ty(&types, a6), "(f32[2, 3], f32[3])");
 }
 
 #[test]
