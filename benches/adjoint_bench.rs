@@ -245,6 +245,7 @@ fn run_case(root: &Path, case: &Case, mode: Mode, reps: usize) -> Result<RunTime
     let path = root.join(case.file);
     let t0 = Instant::now();
     let session = Session::new(mode)
+        .with_compiler_options(adjoint::env_options::compiler_options())
         .load_file_with(&path, &entry)
         .map_err(|e| e.render(false))?;
     let load = t0.elapsed();
@@ -383,7 +384,7 @@ fn parse_args() -> Result<Options, String> {
 fn main() {
     // As the `adjoint` binary does: the thread that runs programs is one of
     // the kernel pool's workers.
-    adjoint_runtime::threads::join_kernel_pool();
+    adjoint_runtime::threads::join_kernel_pool(adjoint::env_options::kernel_threads());
     let opts = match parse_args() {
         Ok(o) => o,
         Err(e) => {

@@ -52,11 +52,14 @@ pub use adjoint_runtime::memory::CountingAlloc;
 /// whether it did (not on one core, nor once parallel kernels have run).
 pub use adjoint_runtime::threads::join_kernel_pool;
 
+pub mod env_options;
+
 pub mod aot;
 
 /// How programs run: one primitive at a time on the IR as differentiated
 /// (eager, for debugging), or through the optimiser (graph, the default).
 pub use adjoint_compiler::pipeline::Mode;
+pub use adjoint_compiler::CompilerOptions;
 
 /// What [`Session::run_main_with_stats`] measured.
 #[derive(Clone, Debug, Default)]
@@ -113,6 +116,8 @@ pub struct Options {
     pub mode: Mode,
     /// The device programs run on.
     pub device: Device,
+    /// How the compiler works: switches and limits.
+    pub compiler: CompilerOptions,
 }
 
 /// What kind of failure a [`SessionError`] is.
@@ -307,6 +312,7 @@ struct Loaded {
     cache: Mutex<HashMap<CacheKey, Arc<Executable>>>,
     /// The GPU graph mode runs kernels on ([`Device::Cuda`]).
     cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
+    compiler: CompilerOptions,
 }
 
 impl Loaded {
@@ -315,6 +321,7 @@ impl Loaded {
         text: String,
         path: Option<&Path>,
         cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
+        compiler: CompilerOptions,
     ) -> Result<Loaded, SessionError> {
         let mut sources = SourceMap::new();
         let root = sources.add_file(name.clone(), text.clone());
@@ -324,11 +331,13 @@ impl Loaded {
                 // Graph mode specialises the program to the shapes of the
                 // .npy files it loads (read from their headers).
                 program.set_npy_types(Box::new(npy_header_type));
+                program.set_options(compiler);
                 if let Some(dev) = &cuda {
                     program.set_cuda_device(dev.clone());
                 }
                 Ok(Loaded {
                     cuda,
+                    compiler,
                     program,
                     sources,
                     name,
@@ -389,6 +398,7 @@ pub struct Session {
     device: Device,
     loaded: Option<Arc<Loaded>>,
     cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
+    compiler: CompilerOptions,
 }
 
 impl Session {
@@ -402,7 +412,15 @@ impl Session {
             device: Device::Cpu,
             loaded: None,
             cuda: None,
+            compiler: CompilerOptions::default(),
         }
+    }
+
+    /// The same session with the compiler working as `options` say, for
+    /// programs loaded from now on.
+    pub fn with_compiler_options(mut self, options: CompilerOptions) -> Session {
+        self.compiler = options;
+        self
     }
 
     /// A session with the given options; an error of kind
@@ -421,6 +439,7 @@ impl Session {
             s.cuda = Some(dev);
         }
         s.device = options.device;
+        s.compiler = options.compiler;
         Ok(s)
     }
 
@@ -467,7 +486,13 @@ impl Session {
         text: String,
         path: Option<&Path>,
     ) -> Result<Session, SessionError> {
-        self.loaded = Some(Arc::new(Loaded::load(name, text, path, self.cuda.clone())?));
+        self.loaded = Some(Arc::new(Loaded::load(
+            name,
+            text,
+            path,
+            self.cuda.clone(),
+            self.compiler,
+        )?));
         Ok(self)
     }
 
@@ -998,7 +1023,13 @@ impl Function {
             text.push('\n');
         }
         text.push_str(src);
-        let loaded = Loaded::load(l.name.clone(), text, l.path.as_deref(), l.cuda.clone())?;
+        let loaded = Loaded::load(
+            l.name.clone(),
+            text,
+            l.path.as_deref(),
+            l.cuda.clone(),
+            l.compiler,
+        )?;
         Function::new(Arc::new(loaded), wrapper, self.mode)
     }
 }

@@ -170,7 +170,8 @@ fn main() -> ExitCode {
     // This thread runs the VM: make it one of the kernel pool's workers,
     // so parallel kernels start here instead of waking other threads and
     // waiting for them (`adjoint_runtime::threads`).
-    adjoint_runtime::threads::join_kernel_pool();
+    adjoint_runtime::threads::join_kernel_pool(adjoint::env_options::kernel_threads());
+    adjoint::env_options::install_tracing();
     let cli = Cli::parse();
     if let Command::Repl { mode } = cli.command {
         return repl::run(match mode {
@@ -182,6 +183,11 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(_) => ExitCode::from(101),
     }
+}
+
+/// A session with the compiler options of the environment.
+fn session(mode: Mode) -> Session {
+    Session::new(mode).with_compiler_options(adjoint::env_options::compiler_options())
 }
 
 fn run(cli: Cli) -> ExitCode {
@@ -214,7 +220,7 @@ fn run(cli: Cli) -> ExitCode {
         }
         Command::Repl { .. } => Ok(()),
         Command::Devices => write_stdout(&devices_text()),
-        Command::Check { file } => Session::new(Mode::Eager)
+        Command::Check { file } => session(Mode::Eager)
             .load_file(&file)
             .and_then(|s| s.check()),
         Command::Emit {
@@ -332,7 +338,12 @@ fn run_file(
     device: Device,
     stats: bool,
 ) -> Result<(), SessionError> {
-    let session = Session::with_options(Options { mode, device })?.load_file(file)?;
+    let session = Session::with_options(Options {
+        mode,
+        device,
+        compiler: adjoint::env_options::compiler_options(),
+    })?
+    .load_file(file)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if !stats {
@@ -366,7 +377,7 @@ static ALLOC: adjoint_runtime::memory::CountingAlloc = adjoint_runtime::memory::
 /// Loads `file` with a generated driver function appended and runs it.
 fn run_driver(file: &std::path::Path, src: Result<String, String>) -> Result<Value, SessionError> {
     let src = src.map_err(SessionError::message)?;
-    let session = Session::new(Mode::Graph).load_file_with(file, &src)?;
+    let session = session(Mode::Graph).load_file_with(file, &src)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     session.run_function(driver::DRIVER, &mut out)
@@ -391,7 +402,7 @@ fn emit(
                     }
                 )));
             };
-            let s = Session::new(Mode::Graph).load_file_with(file, &driver::emit_grad_driver(f))?;
+            let s = session(Mode::Graph).load_file_with(file, &driver::emit_grad_driver(f))?;
             match (stage == Stage::Grad, draw) {
                 (true, false) => s.emit_ir(Some(driver::DRIVER))?,
                 (true, true) => s.emit_ir_dot(Some(driver::DRIVER))?,
@@ -404,25 +415,21 @@ fn emit(
                 "`--dot` draws the IR stages: ir, grad, opt and grad-opt".into(),
             ))
         }
-        Stage::Kernels => Session::new(Mode::Graph)
+        Stage::Kernels => session(Mode::Graph)
             .load_file(file)?
             .emit_kernels(function.unwrap_or("main"))?,
-        Stage::Cuda => Session::new(Mode::Graph)
+        Stage::Cuda => session(Mode::Graph)
             .load_file(file)?
             .emit_cuda(function.unwrap_or("main"))?,
-        Stage::Opt if draw => Session::new(Mode::Graph)
+        Stage::Opt if draw => session(Mode::Graph)
             .load_file(file)?
             .emit_opt_dot(function)?,
-        Stage::Opt => Session::new(Mode::Graph)
-            .load_file(file)?
-            .emit_opt(function)?,
+        Stage::Opt => session(Mode::Graph).load_file(file)?.emit_opt(function)?,
         Stage::Ast => Session::emit_ast(file)?,
-        Stage::Ir if draw => Session::new(Mode::Eager)
+        Stage::Ir if draw => session(Mode::Eager)
             .load_file(file)?
             .emit_ir_dot(function)?,
-        Stage::Ir => Session::new(Mode::Eager)
-            .load_file(file)?
-            .emit_ir(function)?,
+        Stage::Ir => session(Mode::Eager).load_file(file)?.emit_ir(function)?,
     };
     match dot {
         Some(path) => std::fs::write(path, text)

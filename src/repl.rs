@@ -278,7 +278,9 @@ impl Repl {
     /// A session with the program and the hidden function for `expr`.
     fn session_for(&self, expr: &str) -> Result<Session, SessionError> {
         let text = self.source(&self.input_fn(expr), &[]);
-        Session::new(self.mode).load_source(SOURCE_NAME, &text)
+        Session::new(self.mode)
+            .with_compiler_options(adjoint::env_options::compiler_options())
+            .load_source(SOURCE_NAME, &text)
     }
 
     /// Evaluates an expression (or statements ending in one).
@@ -315,6 +317,7 @@ impl Repl {
         if diags.iter().any(|d| d.is_error()) {
             // Let the session render the syntax errors.
             return Err(Session::new(self.mode)
+                .with_compiler_options(adjoint::env_options::compiler_options())
                 .load_source(name, text)
                 .err()
                 .unwrap_or_else(|| SessionError::message("syntax error".into())));
@@ -382,7 +385,10 @@ impl Repl {
         }
         candidate.items.extend(new_items);
         let text = candidate.source("", &[]);
-        if let Err(e) = Session::new(self.mode).load_source(SOURCE_NAME, &text) {
+        if let Err(e) = Session::new(self.mode)
+            .with_compiler_options(adjoint::env_options::compiler_options())
+            .load_source(SOURCE_NAME, &text)
+        {
             // A `let` name used in a definition: say why it is not found.
             let used = self
                 .let_names()

@@ -109,6 +109,7 @@ fn main() -> Result<(), adjoint::Error> {
     match Session::with_options(Options {
         mode: Mode::Graph,
         device: Device::Cuda,
+        ..Default::default()
     }) {
         Ok(gpu) => assert_eq!(gpu.device(), Device::Cuda),
         Err(err) => {
@@ -144,4 +145,46 @@ fn rust_gradient_descent_on_an_adjoint_function_converges() {
     );
     assert!(m.value < 1e-6, "{m:?}");
     assert!(m.steps < 200_000, "{m:?}");
+}
+
+/// The compiler's switches are a value the embedder passes in (the
+/// command line builds it from `ADJOINT_*` variables): turning native
+/// loops off leaves the loop and its gradient to the VM, with the same
+/// results.
+#[test]
+fn compiler_options_reach_the_compiler() {
+    use adjoint::CompilerOptions;
+    let src = "fn f(x) {\n    let mut y = x;\n    for i in 0..100 { y = sin(y) * y + 0.5; }\n    y\n}\nfn main() { print(f(0.3), grad(f)(0.3)); }\n";
+    let kernels = |opts: CompilerOptions| {
+        Session::new(Mode::Graph)
+            .with_compiler_options(opts)
+            .load_source("o.adj", src)
+            .unwrap()
+            .emit_kernels("main")
+            .unwrap()
+    };
+    let native = kernels(CompilerOptions::default());
+    assert!(native.contains("scalar loop"), "{native}");
+    let off = kernels(CompilerOptions {
+        scalar_jit: false,
+        ..Default::default()
+    });
+    assert!(!off.contains("scalar loop"), "{off}");
+    let run = |opts: CompilerOptions| {
+        let s = Session::new(Mode::Graph)
+            .with_compiler_options(opts)
+            .load_source("o.adj", src)
+            .unwrap();
+        let mut out = Vec::new();
+        s.run_main(&mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    };
+    assert_eq!(
+        run(CompilerOptions::default()),
+        run(CompilerOptions {
+            scalar_jit: false,
+            tapes: false,
+            ..Default::default()
+        })
+    );
 }

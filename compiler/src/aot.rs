@@ -309,8 +309,9 @@ impl AotModule {
         // Kernels need types; a program inference cannot type still runs
         // (on the reference kernels), and the VM reports its errors.
         let types = crate::infer::infer_module_with(&self.module, *g, &abs, &opts);
-        let plan = crate::fuse::plan(&self.module, &[*g], types.as_ref().ok());
-        let ex = exec::compile_with(&self.module, &[*g], Some(&plan))
+        let opts = crate::options::CompilerOptions::default();
+        let plan = crate::fuse::plan(&self.module, &[*g], types.as_ref().ok(), &opts);
+        let ex = exec::compile_with(&self.module, &[*g], Some(&plan), &opts)
             .map_err(|e| format!("internal error: {}", e.message))?;
         Ok(Compiled {
             ex,

@@ -31,6 +31,7 @@ use crate::fuse::order::Unit;
 use crate::fuse::{loop_test, steps_by_one, threads_stack};
 use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
 use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
+use crate::options::CompilerOptions;
 use crate::prim::Prim;
 
 /// A program and the tables that relate it back to the IR.
@@ -88,8 +89,12 @@ pub fn const_value(c: &Const) -> Option<Value> {
 }
 
 /// Compiles for eager mode: every graph with free variables is a closure.
-pub fn compile(m: &Module, roots: &[GraphId]) -> Result<Executable, ExecError> {
-    compile_graphs(m, roots, None, false)
+pub fn compile(
+    m: &Module,
+    roots: &[GraphId],
+    opts: &CompilerOptions,
+) -> Result<Executable, ExecError> {
+    compile_graphs(m, roots, None, false, opts)
 }
 
 /// Compiles for graph mode, with the groups of a fusion plan run as native
@@ -99,8 +104,9 @@ pub fn compile_with(
     m: &Module,
     roots: &[GraphId],
     plan: Option<&crate::fuse::Plan>,
+    opts: &CompilerOptions,
 ) -> Result<Executable, ExecError> {
-    compile_graphs(m, roots, plan, true)
+    compile_graphs(m, roots, plan, true, opts)
 }
 
 /// Whether code reachable from `roots` differentiates function values at
@@ -133,6 +139,7 @@ fn compile_graphs(
     roots: &[GraphId],
     plan: Option<&crate::fuse::Plan>,
     lift: bool,
+    opts: &CompilerOptions,
 ) -> Result<Executable, ExecError> {
     let graphs = reachable_graphs(m, roots);
     let fv = free_variables(m);
@@ -146,11 +153,9 @@ fn compile_graphs(
     };
     // Tapes where the closures' captures are not read at run time (by the
     // hook that differentiates function values), in graph mode unless
-    // `ADJOINT_NO_TAPE` is set (to measure what they save).
-    let tapes = (lift
-        && dynamic_ad_ops(m, &graphs).is_empty()
-        && std::env::var_os("ADJOINT_NO_TAPE").is_none())
-    .then(|| Tapes::find(m, &fv, &bodies, &lifted, plan));
+    // switched off (to measure what they save).
+    let tapes = (lift && dynamic_ad_ops(m, &graphs).is_empty() && opts.tapes)
+        .then(|| Tapes::find(m, &fv, &bodies, &lifted, plan));
     let code_of: HashMap<GraphId, CodeId> = graphs
         .iter()
         .enumerate()
@@ -169,10 +174,11 @@ fn compile_graphs(
             loc_base: 0,
             lifted: &lifted,
             tapes: tapes.as_ref(),
+            release_early: opts.release_early,
         };
         let code = compile_graph(m, g, body, &fv, &mut t, plan)?;
-        if std::env::var_os("ADJOINT_VM_DUMP").is_some() {
-            eprintln!(
+        if tracing::enabled!(target: "adjoint::vm", tracing::Level::DEBUG) {
+            let mut text = format!(
                 "code {} `{}` ({} params, {} captures):",
                 ex.program.codes.len(),
                 code.name,
@@ -180,9 +186,10 @@ fn compile_graphs(
                 code.n_captures
             );
             for i in &code.instrs {
-                eprintln!("    {i:?}");
+                text.push_str(&format!("\n    {i:?}"));
             }
-            eprintln!("    return {:?}", code.ret);
+            text.push_str(&format!("\n    return {:?}", code.ret));
+            tracing::debug!(target: "adjoint::vm", "{text}");
         }
         ex.program.codes.push(code);
     }
@@ -201,6 +208,7 @@ pub fn compile_more(
     next: u32,
     locs: &mut Vec<Loc>,
     loc_base: u32,
+    release_early: bool,
 ) -> Result<Vec<Code>, ExecError> {
     let graphs: Vec<GraphId> = reachable_graphs(m, roots)
         .into_iter()
@@ -218,6 +226,7 @@ pub fn compile_more(
             loc_base,
             lifted: &lifted,
             tapes: None,
+            release_early,
         };
         let body = graph_body_with(m, g, fv);
         out.push(compile_graph(m, g, &body, fv, &mut t, None)?);
@@ -235,6 +244,9 @@ struct Tables<'t> {
     /// Reverse mode's stacks as tapes ([`Tapes`]); `None` leaves them lists
     /// of closures.
     tapes: Option<&'t Tapes>,
+    /// Whether values are released after their last use (else when their
+    /// function returns).
+    release_early: bool,
 }
 
 /// The pushes onto reverse mode's stacks of backpropagators, and the calls
@@ -782,13 +794,12 @@ fn schedule(
             // Fusion leaves no cycle it can see; one through a lifted
             // class runs this graph without its kernels, every node on
             // its own, in body order.
-            if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
-                eprintln!(
-                    "fuse: @{}: {} steps need each other; the graph runs without kernels",
-                    m.graph(g).name,
-                    left.len()
-                );
-            }
+            tracing::debug!(
+                target: "adjoint::fuse",
+                "fuse: @{}: {} steps need each other; the graph runs without kernels",
+                m.graph(g).name,
+                left.len()
+            );
             body.iter().map(|n| Unit::Node(*n)).collect()
         }
     }
@@ -1056,9 +1067,9 @@ fn compile_graph(
         ret,
         extra_args: ex.lifted.lenient.contains(&g),
     };
-    // `ADJOINT_KEEP_VALUES` keeps every value until its function returns
-    // (to measure what releasing them early saves).
-    if std::env::var_os("ADJOINT_KEEP_VALUES").is_none() {
+    // Off, every value is kept until its function returns (to measure
+    // what releasing them early saves).
+    if ex.release_early {
         crate::plan::move_last_uses(&mut code);
     }
     Ok(code)

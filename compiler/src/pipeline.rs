@@ -120,6 +120,8 @@ pub struct Program {
     load_types: Option<Arc<LoadTypes>>,
     /// The GPU graph mode's kernels run on, if not the CPU.
     cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
+    /// How the compiler works (switches and limits).
+    options: crate::options::CompilerOptions,
 }
 
 impl Program {
@@ -170,6 +172,7 @@ impl Program {
             root,
             load_types: None,
             cuda: None,
+            options: Default::default(),
         })
     }
 
@@ -178,6 +181,11 @@ impl Program {
     /// mode and primitives outside kernels stay on the CPU.
     pub fn set_cuda_device(&mut self, device: Arc<adjoint_runtime::cuda::CudaDevice>) {
         self.cuda = Some(device);
+    }
+
+    /// Sets how the compiler works (see [`crate::options`]).
+    pub fn set_options(&mut self, options: crate::options::CompilerOptions) {
+        self.options = options;
     }
 
     /// Lets graph mode specialise the program to the data it loads:
@@ -416,22 +424,22 @@ impl Program {
             load_type: load_type.as_deref(),
             ..Default::default()
         };
-        let trace = std::env::var_os("ADJOINT_EGG_TRACE").is_some();
         let types = match crate::infer::infer_module_with(m, entry, args, &iopts) {
             Ok(t) => t,
             Err(e) => {
-                if trace {
-                    eprintln!("egg: inference of the optimised module failed: {e}");
-                }
+                tracing::debug!(
+                    target: "adjoint::egg",
+                    "egg: inference of the optimised module failed: {e}"
+                );
                 return None;
             }
         };
         // The graphs the optimiser kept besides the entry (the derivative
         // rules, for run-time differentiation) stay whole.
         let stats = crate::rewrite::rewrite(m, &[entry], keep, &types, &Default::default());
-        if trace {
+        if tracing::enabled!(target: "adjoint::egg", tracing::Level::DEBUG) {
             for line in stats.describe() {
-                eprintln!("egg: {line}");
+                tracing::debug!(target: "adjoint::egg", "egg: {line}");
             }
         }
         Some(stats)
@@ -471,6 +479,7 @@ impl Program {
             ex.code_of.clone(),
             ex.program.codes.len() as u32,
             ex.locs.len() as u32,
+            self.options.release_early,
         ));
         ex.program.dynamic = Some(adjoint_runtime::dynamic::DynamicHook(d.clone()));
         ex.dynamic = Some(d);
@@ -501,12 +510,18 @@ impl Program {
         let types =
             crate::infer::infer_module_with(m, entry, &self.entry_args_with(entry, args), &opts)
                 .map_err(|e| {
-                    if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
-                        eprintln!("fuse: inference of the optimised module failed: {e}");
-                    }
+                    tracing::debug!(
+                        target: "adjoint::fuse",
+                        "fuse: inference of the optimised module failed: {e}"
+                    );
                 })
                 .ok();
-        Some(crate::fuse::plan(m, &[entry], types.as_ref()))
+        Some(crate::fuse::plan(
+            m,
+            &[entry],
+            types.as_ref(),
+            &self.options,
+        ))
     }
 
     /// The abstract arguments of an entry function: `args`, then the IO
@@ -551,7 +566,7 @@ impl Program {
             mode
         };
         let compiled = match mode {
-            Mode::Eager => exec::compile(&self.lowered.module, &[main])
+            Mode::Eager => exec::compile(&self.lowered.module, &[main], &self.options)
                 .map(|ex| self.with_dynamic(ex, &self.lowered.module, &[main])),
             Mode::Graph => {
                 let (m, _) = self.optimized_for(&[main], Some(args));
@@ -574,12 +589,12 @@ impl Program {
                         crate::codegen::cuda::retarget(&m, &[main], p, dev);
                     }
                 }
-                if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
+                if tracing::enabled!(target: "adjoint::fuse", tracing::Level::DEBUG) {
                     for line in plan.iter().flat_map(|p| p.describe()) {
-                        eprintln!("fused: {line}");
+                        tracing::debug!(target: "adjoint::fuse", "fused: {line}");
                     }
                 }
-                exec::compile_with(&m, &[main], plan.as_ref())
+                exec::compile_with(&m, &[main], plan.as_ref(), &self.options)
                     .map(|ex| self.with_dynamic(ex, &m, &[main]))
             }
         };

@@ -25,17 +25,14 @@
 ///
 /// Call it once, early, on the thread that will run programs, and keep
 /// that thread alive while the process runs kernels: a command-line
-/// tool's main thread.
-pub fn join_kernel_pool() -> bool {
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        });
+/// tool's main thread. `threads` is the pool's size (`None`: one per
+/// core; the command line passes `RAYON_NUM_THREADS`).
+pub fn join_kernel_pool(threads: Option<usize>) -> bool {
+    let threads = threads.filter(|&n| n > 0).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     if threads < 2 {
         return false;
     }

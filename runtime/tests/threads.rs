@@ -9,7 +9,7 @@ use rayon::prelude::*;
 /// work still runs.
 #[test]
 fn a_joined_thread_runs_split_work_itself() {
-    let joined = join_kernel_pool();
+    let joined = join_kernel_pool(None);
     let v: Vec<u64> = (0..1_000_000u64).collect();
     let s: u64 = v.par_iter().map(|x| x * 2).sum();
     assert_eq!(s, 999_999 * 1_000_000);
@@ -17,7 +17,7 @@ fn a_joined_thread_runs_split_work_itself() {
         assert_eq!(rayon::current_thread_index(), Some(0));
         assert!(rayon::current_num_threads() >= 2);
         // A second call finds the pool built.
-        assert!(!join_kernel_pool());
+        assert!(!join_kernel_pool(None));
     } else {
         assert_eq!(rayon::current_thread_index(), None);
     }

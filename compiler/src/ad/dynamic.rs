@@ -61,6 +61,9 @@ pub struct DynAd {
     /// The location index of the first location of code made here.
     loc_base: u32,
     locs: RwLock<Vec<Loc>>,
+    /// Whether the code made here releases values after their last use
+    /// ([`crate::options::CompilerOptions::release_early`]).
+    release_early: bool,
 }
 
 struct State {
@@ -111,6 +114,7 @@ impl DynAd {
         code_of: HashMap<GraphId, CodeId>,
         n_codes: u32,
         n_locs: u32,
+        release_early: bool,
     ) -> DynAd {
         let graph_of = code_of.iter().map(|(g, c)| (*c, *g)).collect();
         let first_run_time = m.graph_ids().count() as u32;
@@ -132,6 +136,7 @@ impl DynAd {
             base: n_codes,
             loc_base: n_locs,
             locs: RwLock::new(Vec::new()),
+            release_early,
         }
     }
 
@@ -167,6 +172,7 @@ impl DynAd {
             next,
             &mut locs,
             self.loc_base,
+            self.release_early,
         )
         .map_err(|e| format!("internal error: {}", e.message))?;
         for (h, c) in st.code_of.iter() {

@@ -1060,12 +1060,12 @@ mod tests {
             compile_scalar(&r.backward).unwrap(),
         );
         let mut tape = Vec::new();
-        let y = fw.call_with_tape(args, &mut tape).unwrap();
+        let y = fw.call_with_tape(args, &mut tape, u64::MAX).unwrap();
         let mut itape = Vec::new();
         let iy = r.forward.eval_with_tape(args, &mut itape, 1 << 24).unwrap();
         assert!(same(&y, &iy), "forward: native {y:?}, interpreted {iy:?}");
         assert_eq!(tape, itape, "tapes");
-        let d = bw.call_with_tape(seed, &mut tape).unwrap();
+        let d = bw.call_with_tape(seed, &mut tape, u64::MAX).unwrap();
         let id = r
             .backward
             .eval_with_tape(seed, &mut itape, 1 << 24)
@@ -1120,13 +1120,16 @@ mod tests {
         fw.call_with_tape(
             &[Scalar::I64(0), Scalar::F64(0.3), Scalar::I64(1_000_000)],
             &mut tape,
+            u64::MAX,
         )
         .unwrap();
         // Per iteration at most the header's record (3 values and a tag)
         // and the body's (3 values, sin and a tag), before the slots no
         // reverse reads are dropped.
         assert!(tape.len() <= 9 * 1_000_000 + 16, "{} slots", tape.len());
-        let d = bw.call_with_tape(&[Scalar::F64(1.0)], &mut tape).unwrap();
+        let d = bw
+            .call_with_tape(&[Scalar::F64(1.0)], &mut tape, u64::MAX)
+            .unwrap();
         assert!(tape.is_empty());
         assert!(f64s(&d)[0].is_finite());
     }

@@ -48,7 +48,7 @@ use adjoint_runtime::tensor::{DType, Tensor};
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::NativeKernel;
 
-use crate::codegen::cpu::{compile_cached, CompiledKernel};
+use crate::codegen::cpu::CompiledKernel;
 use crate::codegen::kernel::{
     BinaryOp, InputSpec, KDType, KExpr, KId, KernelSpec, ReduceOp, ReduceSpec, UnaryOp,
 };
@@ -367,7 +367,12 @@ struct Forming {
 /// their kernels. A group whose kernel does not compile is left out.
 /// Element-wise groups need the module's types; without them only the
 /// matrix products of transposes are planned.
-pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
+pub fn plan(
+    m: &Module,
+    roots: &[GraphId],
+    types: Option<&Types>,
+    opts: &crate::options::CompilerOptions,
+) -> Plan {
     let fv = free_variables(m);
     let graphs = reachable_graphs(m, roots);
     let bodies: HashMap<GraphId, Vec<NodeId>> = graphs
@@ -390,8 +395,8 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
     }
 
     let mut plan = Plan::default();
-    if let Some(types) = types {
-        reverse::reverse_groups(m, &graphs, types, &fv, &users, &escapes, &mut plan);
+    if let (Some(types), true) = (types, opts.scalar_jit) {
+        reverse::reverse_groups(m, &graphs, types, &fv, &users, &escapes, &mut plan, opts);
         scalar::scalar_groups(m, &graphs, types, &fv, &mut plan);
     }
     for g in &graphs {
@@ -401,6 +406,7 @@ pub fn plan(m: &Module, roots: &[GraphId], types: Option<&Types>) -> Plan {
                 m,
                 types,
                 graph: *g,
+                opts,
             };
             epilogue_groups(&cx, body, &users, &escapes, &mut plan);
             elementwise_groups(&cx, body, &fv, &users, &escapes, &mut plan);
@@ -624,6 +630,7 @@ struct Cx<'a> {
     m: &'a Module,
     types: &'a Types,
     graph: GraphId,
+    opts: &'a crate::options::CompilerOptions,
 }
 
 impl Cx<'_> {
@@ -964,7 +971,7 @@ fn joinable(
             if !only
                 && (shape.iter().product::<usize>() <= 1
                     || wide_routines(cx, f)
-                    || std::env::var_os("ADJOINT_NO_SIDE_OUTPUTS").is_some_and(|v| v == "1"))
+                    || !cx.opts.side_outputs)
             {
                 continue;
             }
@@ -1015,7 +1022,7 @@ fn wide_routines(cx: &Cx, f: &Forming) -> bool {
     f.members.iter().any(|mbr| {
         matches!(
             cx.m.applied_prim(*mbr).and_then(op_of),
-            Some(Op::Unary(u)) if crate::codegen::cpu::has_wide_routine(u, dtype)
+            Some(Op::Unary(u)) if cx.opts.avx2 && crate::codegen::cpu::has_wide_routine(u, dtype)
         )
     })
 }
@@ -1239,7 +1246,11 @@ fn build(
         outputs: out_ids,
         reduce: spec_reduce,
     };
-    let kernel = compile_cached(&spec).ok()?;
+    let options = crate::codegen::cpu::CompileOptions {
+        avx2: (!cx.opts.avx2).then_some(false),
+        ..Default::default()
+    };
+    let kernel = crate::codegen::cpu::compile_cached_with(&spec, &options).ok()?;
     let names: Vec<&str> = f
         .members
         .iter()

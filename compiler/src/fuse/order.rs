@@ -201,15 +201,14 @@ pub(super) fn break_cycles(
         dissolve.sort();
         dissolve.dedup();
         graphs = dissolve.iter().map(|gi| plan.groups[*gi].graph).collect();
-        if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
-            for &gi in &dissolve {
-                let gr = &plan.groups[gi];
-                eprintln!(
-                    "fuse: @{}: dissolving a group of {} nodes on a cycle of steps",
-                    gr.graph_name,
-                    gr.members.len()
-                );
-            }
+        for &gi in &dissolve {
+            let gr = &plan.groups[gi];
+            tracing::debug!(
+                target: "adjoint::fuse",
+                "fuse: @{}: dissolving a group of {} nodes on a cycle of steps",
+                gr.graph_name,
+                gr.members.len()
+            );
         }
         for gi in dissolve.into_iter().rev() {
             plan.groups.remove(gi);

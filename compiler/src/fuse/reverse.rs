@@ -29,7 +29,7 @@ use super::scalar::{
     add_call_group, callees, compilable, program_of, region, scalar_args, Cx, Shape, Stacks,
 };
 use super::Plan;
-use crate::codegen::cpu::scalar::{compile_scalar_cached, max_tape_slots, CompiledScalar};
+use crate::codegen::cpu::scalar::{compile_scalar_cached, CompiledScalar};
 use crate::codegen::scalar::{SOp, SType, Scalar, ScalarProgram};
 use crate::codegen::scalar_ad::reverse;
 use crate::infer::Types;
@@ -196,10 +196,8 @@ pub(super) fn reverse_groups(
     users: &HashMap<NodeId, Vec<NodeId>>,
     escapes: &HashSet<NodeId>,
     plan: &mut Plan,
+    opts: &crate::options::CompilerOptions,
 ) {
-    if std::env::var_os("ADJOINT_NO_SCALAR_JIT").is_some() {
-        return;
-    }
     let stacks = find_stacks(m, graphs, fv);
     if stacks.param.is_empty() {
         return;
@@ -214,7 +212,7 @@ pub(super) fn reverse_groups(
         stacks: &stacks,
         keys: Vec::new(),
     };
-    let trace = std::env::var_os("ADJOINT_SCALAR_TRACE").is_some();
+    let trace = tracing::enabled!(target: "adjoint::scalar", tracing::Level::DEBUG);
     let ok = compilable(&cx, graphs);
     let mut built: HashMap<GraphId, Option<Arc<Built>>> = HashMap::new();
     for &h in graphs {
@@ -236,7 +234,8 @@ pub(super) fn reverse_groups(
             }
             let Some((stack, unwind, seed)) = stack_use(&cx, &uses, n) else {
                 if trace {
-                    eprintln!(
+                    tracing::debug!(
+                        target: "adjoint::scalar",
                         "scalar: reverse @{}: its stack is not only unwound",
                         m.graph(g).name
                     );
@@ -246,9 +245,10 @@ pub(super) fn reverse_groups(
             let b = built
                 .entry(g)
                 .or_insert_with(|| {
-                    let r = build(&cx, &ok, g);
+                    let r = build(&cx, &ok, g, opts.max_tape_slots);
                     if trace {
-                        eprintln!(
+                        tracing::debug!(
+                        target: "adjoint::scalar",
                             "scalar: reverse @{}: {}",
                             m.graph(g).name,
                             match &r {
@@ -267,7 +267,8 @@ pub(super) fn reverse_groups(
             // The seed must be the cotangent of the value.
             if !cx.shape(seed).is_some_and(|s| seed_fits(&s, &b.value)) {
                 if trace {
-                    eprintln!(
+                    tracing::debug!(
+                        target: "adjoint::scalar",
                         "scalar: reverse @{}: the seed's type differs",
                         m.graph(g).name
                     );
@@ -386,6 +387,8 @@ struct Built {
     /// When the loop counts up to a bound: the tape is made as long as
     /// the count says from the start.
     count: Option<Count>,
+    /// The most values the tape may hold.
+    max_tape_slots: u64,
 }
 
 /// The most slots a tape is made with from a trip count (1 GiB); a
@@ -529,7 +532,12 @@ fn counting(
     })
 }
 
-fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Result<Built, String> {
+fn build(
+    cx: &Cx,
+    ok: &HashMap<GraphId, super::scalar::Info>,
+    g: GraphId,
+    max_tape_slots: u64,
+) -> Result<Built, String> {
     let (m, fv) = (cx.m, cx.fv);
     let r = region(ok, g);
     if !r.exits.is_empty() {
@@ -652,6 +660,7 @@ fn build(cx: &Cx, ok: &HashMap<GraphId, super::scalar::Info>, g: GraphId) -> Res
         backward,
         value: value.clone(),
         params,
+        max_tape_slots,
     })
 }
 
@@ -671,7 +680,7 @@ impl NativeKernel for Forward {
         let last = b.last_len.load(std::sync::atomic::Ordering::Relaxed);
         let counted = b.count.and_then(|c| {
             let slots = c.slots(&scalars)?.saturating_add(64);
-            Some(slots.min(MAX_RESERVED).min(max_tape_slots()) as usize)
+            Some(slots.min(MAX_RESERVED).min(b.max_tape_slots) as usize)
         });
         let mut tape = Vec::new();
         // Reserving more than memory allows is not an error: the tape
@@ -680,7 +689,9 @@ impl NativeKernel for Forward {
             tape.try_reserve(1024)
                 .map_err(|_| RtError::new("out of memory for the tape"))?;
         }
-        let out = b.forward.call_with_tape(&scalars, &mut tape)?;
+        let out = b
+            .forward
+            .call_with_tape(&scalars, &mut tape, b.max_tape_slots)?;
         let value = b.value.value(&mut out.into_iter())?;
         let n = tape.len();
         b.last_len

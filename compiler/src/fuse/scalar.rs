@@ -772,9 +772,6 @@ pub(super) fn scalar_groups(
     fv: &FreeVars,
     plan: &mut Plan,
 ) {
-    if std::env::var_os("ADJOINT_NO_SCALAR_JIT").is_some() {
-        return;
-    }
     let stacks = Stacks::default();
     let cx = Cx {
         m,
@@ -784,11 +781,11 @@ pub(super) fn scalar_groups(
         keys: Vec::new(),
     };
     let ok = compilable(&cx, graphs);
-    let trace = std::env::var_os("ADJOINT_SCALAR_TRACE").is_some();
+    let trace = tracing::enabled!(target: "adjoint::scalar", tracing::Level::DEBUG);
     if trace {
         let mut names: Vec<&str> = ok.keys().map(|g| m.graph(*g).name.as_str()).collect();
         names.sort();
-        eprintln!("scalar: compilable graphs: {}", names.join(" "));
+        tracing::debug!(target: "adjoint::scalar", "scalar: compilable graphs: {}", names.join(" "));
     }
     if ok.is_empty() {
         return;
@@ -823,7 +820,8 @@ pub(super) fn scalar_groups(
                         };
                         let kernel = build(&cx, &r.order, exit.as_ref());
                         if trace {
-                            eprintln!(
+                            tracing::debug!(
+                                target: "adjoint::scalar",
                                 "scalar: region @{} ({} graphs, exits {:?}): {}",
                                 m.graph(g).name,
                                 r.order.len(),
@@ -925,8 +923,12 @@ pub(super) fn program_of(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Opt
     let mut funcs = Vec::new();
     for &g in order {
         let f = FuncBuilder::new(cx, g, &index, exit).and_then(FuncBuilder::build);
-        if f.is_none() && std::env::var_os("ADJOINT_SCALAR_TRACE").is_some() {
-            eprintln!("scalar: @{} has no scalar function", cx.m.graph(g).name);
+        if f.is_none() {
+            tracing::debug!(
+                target: "adjoint::scalar",
+                "scalar: @{} has no scalar function",
+                cx.m.graph(g).name
+            );
         }
         funcs.push(f?);
     }
@@ -951,9 +953,11 @@ fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel
     let compiled = match compile_scalar_cached(&program) {
         Ok(c) => c,
         Err(e) => {
-            if std::env::var_os("ADJOINT_FUSE_TRACE").is_some() {
-                eprintln!("scalar region @{}: {e}", cx.m.graph(order[0]).name);
-            }
+            tracing::debug!(
+                target: "adjoint::fuse",
+                "scalar region @{}: {e}",
+                cx.m.graph(order[0]).name
+            );
             return None;
         }
     };

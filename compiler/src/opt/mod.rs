@@ -168,12 +168,14 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
         let changed = rw.changed;
         rw.apply_forwarding();
         snap = detach_dead_then_snapshot(m, roots);
-        if std::env::var_os("ADJOINT_OPT_DUMP").is_some() {
-            eprintln!("{}", crate::ir::print::print_module(m, roots, None));
+        if tracing::enabled!(target: "adjoint::ir", tracing::Level::DEBUG) {
+            let text = crate::ir::print::print_module(m, roots, None);
+            tracing::debug!(target: "adjoint::ir", "{text}");
         }
-        if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
+        if tracing::enabled!(target: "adjoint::opt", tracing::Level::DEBUG) {
             let (n, gs) = snapshot_size(&snap);
-            eprintln!(
+            tracing::debug!(
+                target: "adjoint::opt",
                 "opt round {}: {changed} changes, {n} live nodes in {gs} graphs, {} nodes and {} graphs in the arena, {:?} elapsed",
                 stats.rounds,
                 m.nodes.len(),
@@ -252,9 +254,10 @@ fn typed_pass(
     let types = match crate::infer::infer_module_with(m, entry, args, &iopts) {
         Ok(t) => t,
         Err(e) => {
-            if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
-                eprintln!("opt: inference of the optimised module failed: {e}");
-            }
+            tracing::debug!(
+                target: "adjoint::opt",
+                "opt: inference of the optimised module failed: {e}"
+            );
             return 0;
         }
     };
@@ -278,12 +281,13 @@ fn typed_pass(
         memo: &mut memo,
         dead_keys,
     };
-    if std::env::var_os("ADJOINT_OPT_TRACE").is_some() {
+    if tracing::enabled!(target: "adjoint::opt", tracing::Level::DEBUG) {
         let n = graphs
             .iter()
             .filter(|g| !types.holds_for_every_call(**g))
             .count();
-        eprintln!(
+        tracing::debug!(
+            target: "adjoint::opt",
             "opt: typed pass skips {n} of {} graphs (escaped)",
             graphs.len()
         );

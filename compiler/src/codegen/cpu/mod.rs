@@ -92,17 +92,11 @@ pub const SPLIT_BLOCK: usize = 1 << 16;
 /// of a pairwise sum; the blocks' results are combined in f64.
 pub const SPLIT_BLOCK_F32: usize = 1 << 11;
 
-/// Whether kernels use the 256-bit routines unless told otherwise: yes,
-/// unless the environment sets `ADJOINT_NO_AVX2=1`.
-fn avx2_by_default() -> bool {
-    std::env::var_os("ADJOINT_NO_AVX2").is_none_or(|v| v != "1")
-}
-
 /// Whether a map computing `op` on `dtype` runs it through a 256-bit
 /// routine with the default options (in chunks; only maps do). Fusion
 /// keeps such maps out of reductions.
 pub fn has_wide_routine(op: UnaryOp, dtype: KDType) -> bool {
-    avx2_by_default() && avx2::routine(op, dtype).is_some()
+    avx2::routine(op, dtype).is_some()
 }
 
 /// Why compiling or running a kernel failed.
@@ -140,8 +134,7 @@ pub struct CompileOptions {
     pub fma: Option<bool>,
     /// Whether a map's `tanh`, `sigmoid` and `exp` run through the 256-bit
     /// routines (module `avx2`), the innermost loop in chunks around them
-    /// (`None`: when the host has AVX2 and FMA, unless the environment
-    /// sets `ADJOINT_NO_AVX2=1`). Same bits either way.
+    /// (`None`: when the host has AVX2 and FMA). Same bits either way.
     pub avx2: Option<bool>,
     /// Keep the machine code as text ([`CompiledKernel::disassembly`]).
     pub disasm: bool,
@@ -340,7 +333,7 @@ pub fn compile_with(
     {
         builder.symbol(lc.symbol, lc.ptr);
     }
-    let use_avx2 = options.avx2.unwrap_or_else(avx2_by_default) && avx2::available();
+    let use_avx2 = options.avx2.unwrap_or(true) && avx2::available();
     if use_avx2 {
         for (symbol, f) in avx2::all() {
             builder.symbol(symbol, f as *const u8);

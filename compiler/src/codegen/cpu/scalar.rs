@@ -56,10 +56,12 @@ pub(crate) struct TapeBuf {
     /// The site of the instruction that faulted ([`SInst::site`]), or
     /// [`NO_SITE`].
     site: u64,
+    /// The most values the tape may grow to (read by `tape_grow` only).
+    limit: u64,
 }
 
 impl TapeBuf {
-    fn new(ptr: *mut u64, len: usize, cap: usize) -> TapeBuf {
+    fn new(ptr: *mut u64, len: usize, cap: usize, limit: u64) -> TapeBuf {
         TapeBuf {
             ptr,
             len,
@@ -67,6 +69,7 @@ impl TapeBuf {
             fault: 0,
             detail: 0,
             site: NO_SITE,
+            limit,
         }
     }
 }
@@ -110,21 +113,6 @@ const DIV_BY_ZERO: u64 = 3;
 const REM_BY_ZERO: u64 = 4;
 /// An integer `pow` with a negative exponent (in `detail`).
 const NEGATIVE_POWER: u64 = 5;
-/// The most values a tape holds by default (8 GiB): beyond it a run
-/// stops with an error instead of exhausting memory.
-const MAX_TAPE_SLOTS: u64 = 1 << 30;
-
-/// The tape limit: `ADJOINT_MAX_TAPE_SLOTS` if set (tests lower it),
-/// else [`MAX_TAPE_SLOTS`].
-pub(crate) fn max_tape_slots() -> u64 {
-    static MAX: OnceLock<u64> = OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("ADJOINT_MAX_TAPE_SLOTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(MAX_TAPE_SLOTS)
-    })
-}
 
 thread_local! {
     static TAPE_GROWTHS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
@@ -137,7 +125,7 @@ pub fn tape_growths() -> u64 {
 }
 
 /// Makes room for `n` more values; 0 (and the fault set) when the tape
-/// would exceed [`MAX_TAPE_SLOTS`] or memory is short.
+/// would exceed its limit or memory is short.
 extern "C" fn tape_grow(t: *mut TapeBuf, n: u64) -> u8 {
     // SAFETY: native code passes the pointer its trampoline was given,
     // which `CompiledScalar::call_with_tape` made from a live Vec.
@@ -146,7 +134,7 @@ extern "C" fn tape_grow(t: *mut TapeBuf, n: u64) -> u8 {
     let mut v = std::mem::ManuallyDrop::new(unsafe { Vec::from_raw_parts(t.ptr, t.len, t.cap) });
     let fits = (t.len as u64)
         .checked_add(n)
-        .is_some_and(|total| total <= max_tape_slots());
+        .is_some_and(|total| total <= t.limit);
     let ok = fits && v.try_reserve(n as usize).is_ok();
     t.ptr = v.as_mut_ptr();
     t.cap = v.capacity();
@@ -187,7 +175,7 @@ impl CompiledScalar {
     /// Runs the entry on `args`, which must have its parameter types.
     /// An error if the arguments do not match or the run was interrupted.
     pub fn call(&self, args: &[Scalar]) -> Result<Vec<Scalar>, ScalarError> {
-        self.call_with_tape(args, &mut Vec::new())
+        self.call_with_tape(args, &mut Vec::new(), u64::MAX)
     }
 
     /// [`CompiledScalar::call`] for a program with tape operations: they
@@ -196,9 +184,10 @@ impl CompiledScalar {
         &self,
         args: &[Scalar],
         tape: &mut Vec<u64>,
+        limit: u64,
     ) -> Result<Vec<Scalar>, ScalarError> {
         let mut v = std::mem::ManuallyDrop::new(std::mem::take(tape));
-        let mut buf = TapeBuf::new(v.as_mut_ptr(), v.len(), v.capacity());
+        let mut buf = TapeBuf::new(v.as_mut_ptr(), v.len(), v.capacity(), limit);
         // SAFETY: `buf` is a live Vec's parts, which native code keeps
         // valid (it grows the Vec only through `tape_grow`, and never pops
         // below empty); they are put back together afterwards.
@@ -213,7 +202,7 @@ impl CompiledScalar {
         if self.pushes {
             return Err(format!("{}: the program pushes", self.program.entry().name).into());
         }
-        let mut buf = TapeBuf::new(tape.as_ptr() as *mut u64, tape.len(), tape.len());
+        let mut buf = TapeBuf::new(tape.as_ptr() as *mut u64, tape.len(), tape.len(), u64::MAX);
         // SAFETY: a program without pushes only reads the tape (and
         // lowers `len`), so the borrowed slice is never written or grown.
         let out = unsafe { self.run(args, &mut buf) }?;
@@ -259,7 +248,7 @@ impl CompiledScalar {
                 return Err(format!(
                     "reverse mode's tape of this loop exceeds {} values of 8 bytes \
                      (or memory ran out)",
-                    max_tape_slots()
+                    buf.limit
                 )
                 .into())
             }
