@@ -401,7 +401,9 @@ pub fn plan(
     }
     for g in &graphs {
         let body = &bodies[g];
-        if let Some(types) = types {
+        // Inference's types of an escaped graph hold only for the calls it
+        // saw: a kernel compiled for their shapes could be given others.
+        if let Some(types) = types.filter(|t| t.holds_for_every_call(*g)) {
             let cx = Cx {
                 m,
                 types,
