@@ -285,11 +285,7 @@ impl DynAd {
                         e.node = *x;
                     } else if let Some(x) = st.prov.tangent_origin.get(&e.node) {
                         e.node = *x;
-                        let l = f_level(world, depth);
-                        if e.path.len() <= l {
-                            e.path.resize(l + 1, false);
-                        }
-                        e.path[l] = true;
+                        tangent_step(&mut e.path, f_level(world, depth));
                     } else if run_time {
                         // Used as it is: the capture arrived lifted.
                     } else {
@@ -486,15 +482,19 @@ impl Entry {
         let mut out = Vec::new();
         for (i, t) in self.path.iter().enumerate() {
             if *t {
-                let l = embed[i];
-                if out.len() <= l {
-                    out.resize(l + 1, false);
-                }
-                out[l] = true;
+                tangent_step(&mut out, embed[i]);
             }
         }
         out
     }
+}
+
+/// Marks a tangent step at forward level `l` in `path`.
+fn tangent_step(path: &mut Vec<bool>, l: usize) {
+    if path.len() <= l {
+        path.resize(l + 1, false);
+    }
+    path[l] = true;
 }
 
 /// The transforms of nesting code `wrap` (base 3, outermost in the lowest

@@ -39,6 +39,11 @@ pub(super) struct GradTarget {
 }
 
 impl GradTarget {
+    /// The differentiated argument positions.
+    fn which(&self) -> Vec<usize> {
+        self.argnums.clone().unwrap_or_else(|| vec![0])
+    }
+
     /// The target of `req`, if the transforms of it may use symmetry.
     pub(super) fn of(ad: &Ad<'_>, req: &AdRequest) -> Option<GradTarget> {
         let AdKind::Grad {
@@ -48,7 +53,9 @@ impl GradTarget {
         else {
             return None;
         };
-        let fv = free_variables(ad.m);
+        // (The free variables of the graphs before this request, which
+        // the source and what it reaches are.)
+        let fv = &ad.fv;
         if !fv.get(req.source).is_empty() {
             return None;
         }
@@ -58,7 +65,7 @@ impl GradTarget {
             if rules.contains(g) || ad.effectful.contains(g) {
                 return None;
             }
-            let dynamic = graph_body_with(ad.m, *g, &fv)
+            let dynamic = graph_body_with(ad.m, *g, fv)
                 .iter()
                 .any(|n| matches!(ad.m.applied_prim(*n), Some(Prim::AdDyn | Prim::AdLift)));
             if dynamic {
@@ -110,22 +117,29 @@ impl Ad<'_> {
         Ok(self.call(g, bh, &[one], loc))
     }
 
-    /// `J(g)` for `g = grad(f)` by symmetry (see the module's comment).
-    pub(super) fn j_grad_target(&mut self, g: GraphId, jg: GraphId, t: &GradTarget) -> R<()> {
-        let loc = self.m.graph(g).loc;
+    /// In the transform `tg` of `g` being built: parameters like `g`'s,
+    /// and the value, `g` called on them.
+    fn call_target(&mut self, g: GraphId, tg: GraphId, loc: Loc) -> (Vec<NodeId>, NodeId) {
         let names = self.m.graph(g).param_names.clone();
         let ps: Vec<_> = names
             .iter()
-            .map(|nm| self.m.add_param(jg, nm.clone(), loc))
+            .map(|nm| self.m.add_param(tg, nm.clone(), loc))
             .collect();
         let gr = self.gref(g, loc);
-        let value = self.call(jg, gr, &ps, loc);
+        let value = self.call(tg, gr, &ps, loc);
+        (ps, value)
+    }
+
+    /// `J(g)` for `g = grad(f)` by symmetry (see the module's comment).
+    pub(super) fn j_grad_target(&mut self, g: GraphId, jg: GraphId, t: &GradTarget) -> R<()> {
+        let loc = self.m.graph(g).loc;
+        let (ps, value) = self.call_target(g, jg, loc);
         let name = self.m.graph(g).name.clone();
         let b = self.m.add_graph(format!("B.{name}"), loc);
         let c = self.m.add_param(b, "dout", loc);
         // The rule for a concrete cotangent (a zero one gives zeros).
         let rule = self.m.add_graph(format!("B.{name}.rule"), loc);
-        let which = t.argnums.clone().unwrap_or_else(|| vec![0]);
+        let which = t.which();
         let mut ts = Vec::with_capacity(ps.len());
         for i in 0..ps.len() {
             let ti = match which.iter().position(|&k| k == i) {
@@ -151,19 +165,14 @@ impl Ad<'_> {
     /// `F(g)` for `g = grad(f)` by symmetry (see the module's comment).
     pub(super) fn f_grad_target(&mut self, g: GraphId, fg: GraphId, t: &GradTarget) -> R<()> {
         let loc = self.m.graph(g).loc;
+        let (ps, value) = self.call_target(g, fg, loc);
         let names = self.m.graph(g).param_names.clone();
-        let ps: Vec<_> = names
-            .iter()
-            .map(|nm| self.m.add_param(fg, nm.clone(), loc))
-            .collect();
         let dps: Vec<_> = names
             .iter()
             .map(|nm| self.m.add_param(fg, format!("d{nm}"), loc))
             .collect();
-        let gr = self.gref(g, loc);
-        let value = self.call(fg, gr, &ps, loc);
         let d = self.directional_gradient(fg, t, &dps, &ps, loc)?;
-        let which = t.argnums.clone().unwrap_or_else(|| vec![0]);
+        let which = t.which();
         let mut parts = Vec::with_capacity(which.len());
         for &i in &which {
             let di = self.get(fg, d, i + 1, loc);

@@ -191,18 +191,26 @@ impl AbsVal {
         false
     }
 
+    /// Whether `pred` holds of the value or of a part of its tuples and
+    /// records (not of closures' captures).
+    pub fn any_part(&self, pred: &impl Fn(&AbsVal) -> bool) -> bool {
+        pred(self)
+            || match self {
+                AbsVal::Tuple(items) => items.iter().any(|v| v.any_part(pred)),
+                AbsVal::Record(fields) => fields.iter().any(|(_, v)| v.any_part(pred)),
+                _ => false,
+            }
+    }
+
+    /// Whether the symbolic zero is the value or a part of it.
+    pub fn contains_zero(&self) -> bool {
+        self.any_part(&|v| *v == AbsVal::Zero)
+    }
+
     /// The value with every symbolic zero in it seen as `Unknown` (what
     /// the rules that do not take zeros apart receive).
     pub fn zero_as_unknown(&self) -> std::borrow::Cow<'_, AbsVal> {
         use std::borrow::Cow;
-        fn has_zero(v: &AbsVal) -> bool {
-            match v {
-                AbsVal::Zero => true,
-                AbsVal::Tuple(items) => items.iter().any(has_zero),
-                AbsVal::Record(fields) => fields.iter().any(|(_, v)| has_zero(v)),
-                _ => false,
-            }
-        }
         fn strip(v: &AbsVal) -> AbsVal {
             match v {
                 AbsVal::Zero => AbsVal::Unknown,
@@ -213,7 +221,7 @@ impl AbsVal {
                 v => v.clone(),
             }
         }
-        if has_zero(self) {
+        if self.contains_zero() {
             Cow::Owned(strip(self))
         } else {
             Cow::Borrowed(self)

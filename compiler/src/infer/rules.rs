@@ -89,10 +89,7 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             return Ok(AbsVal::Unknown);
         }
         args
-    } else if args
-        .iter()
-        .any(|a| matches!(a.zero_as_unknown(), std::borrow::Cow::Owned(_)))
-    {
+    } else if args.iter().any(AbsVal::contains_zero) {
         stripped = args
             .iter()
             .map(|a| a.zero_as_unknown().into_owned())
@@ -338,7 +335,7 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             }
             let rest: Vec<&AbsVal> = args[2..].iter().collect();
             let out = tree_map(&args[0], &args[1], &rest, calls)?;
-            Ok(if contains_bottom(&out) {
+            Ok(if out.any_part(&AbsVal::is_bottom) {
                 AbsVal::Bottom
             } else {
                 out
@@ -1520,15 +1517,6 @@ fn tree_map(f: &AbsVal, t: &AbsVal, rest: &[&AbsVal], calls: &mut dyn Calls) -> 
     }
 }
 
-fn contains_bottom(v: &AbsVal) -> bool {
-    match v {
-        AbsVal::Bottom => true,
-        AbsVal::Tuple(items) => items.iter().any(contains_bottom),
-        AbsVal::Record(fields) => fields.iter().any(|(_, v)| contains_bottom(v)),
-        _ => false,
-    }
-}
-
 fn collect_leaves<'v>(v: &'v AbsVal, out: &mut Vec<&'v AbsVal>) {
     match v {
         AbsVal::Tuple(items) => items.iter().for_each(|i| collect_leaves(i, out)),
@@ -1551,6 +1539,11 @@ mod tests {
     }
 
     fn run(p: Prim, args: &[AbsVal]) -> Result<AbsVal, String> {
+        run_with(p, args, &mut NoCalls)
+    }
+
+    /// [`run`] with the calls the rule makes going to `calls`.
+    fn run_with(p: Prim, args: &[AbsVal], calls: &mut dyn Calls) -> Result<AbsVal, String> {
         let m = Module::new();
         let ctx = RuleCtx {
             module: &m,
@@ -1559,7 +1552,7 @@ mod tests {
             value_of: &|_| None,
             load_type: None,
         };
-        apply(p, &ctx, args, &mut NoCalls).map_err(|e| match e {
+        apply(p, &ctx, args, calls).map_err(|e| match e {
             RuleError::Msg(m) => m,
             RuleError::Nested(e) => e.message,
         })
@@ -1677,14 +1670,6 @@ mod tests {
 
     #[test]
     fn tree_map_calls_its_function_on_trees_of_unknown_type() {
-        let m = Module::new();
-        let ctx = RuleCtx {
-            module: &m,
-            loc: Loc::NONE,
-            arg_nodes: &[],
-            value_of: &|_| None,
-            load_type: None,
-        };
         let f = AbsVal::Func(vec![Closure::Prim(Prim::Add)]);
         let x = AbsVal::tensor(F64, &[]);
         // A tangent tree that may be the symbolic zero: the function is
@@ -1692,14 +1677,14 @@ mod tests {
         let mut calls = Record(Vec::new());
         let tree = AbsVal::Tuple(vec![x.clone()]);
         let args = [f.clone(), tree, AbsVal::Unknown];
-        let out = apply(Prim::TreeMap, &ctx, &args, &mut calls);
+        let out = run_with(Prim::TreeMap, &args, &mut calls);
         assert_eq!(out, Ok(AbsVal::Tuple(vec![x.clone()])));
         assert_eq!(calls.0, vec![vec![x.clone(), AbsVal::Unknown]]);
         // A first tree of unknown structure: one call on unknown leaves,
         // and an unknown result.
         let mut calls = Record(Vec::new());
         let args = [f, AbsVal::Unknown, AbsVal::Tuple(vec![x])];
-        let out = apply(Prim::TreeMap, &ctx, &args, &mut calls);
+        let out = run_with(Prim::TreeMap, &args, &mut calls);
         assert_eq!(out, Ok(AbsVal::Unknown));
         assert_eq!(calls.0, vec![vec![AbsVal::Unknown, AbsVal::Unknown]]);
     }
