@@ -1178,3 +1178,60 @@ fn main() {
     assert_eq!(graph.split_whitespace().count(), 35, "{graph}");
     assert_close(&graph, &eager, 1e-5);
 }
+
+/// Passes recognise the graphs of lowering and AD by their roles
+/// (`ir::GraphRole`), never by their names: renaming every graph, even to
+/// names AD itself uses, changes neither the values printed nor how the
+/// program runs (the closures the VM makes: a reversed loop compiled to
+/// native code or a stack of records makes none per step).
+#[test]
+fn passes_read_graph_roles_not_names() {
+    use adjoint_compiler::pipeline::{Mode as M, Program};
+    struct NoFiles;
+    impl adjoint_compiler::lower::SourceLoader for NoFiles {
+        fn load(&self, path: &std::path::Path) -> std::io::Result<String> {
+            Err(std::io::Error::other(format!("no file {}", path.display())))
+        }
+    }
+    let programs = [
+        // A scalar loop's gradient: two native loops (fuse/reverse.rs).
+        "fn f(x) {\n    let mut s = x;\n    for i in 0..100 { s = sin(s) * 1.01 + x; }\n    s\n}\n\
+         fn main() { print(grad(f)(0.3), grad(grad(f))(0.3)); }\n",
+        // A loop over tensors whose trip count depends on data: the
+        // reversed loop's stack of records (opt/dense.rs, exec.rs).
+        "fn f(w) {\n    let mut h = w;\n    let mut i = 0;\n    while sum(h * h) < 50.0 && i < 30 {\n        h = tanh(h) * 1.5 + w;\n        i = i + 1;\n    }\n    sum(h)\n}\n\
+         fn main() { print(grad(f)([0.1, 0.2, 0.3])); }\n",
+        // A closure made inside a loop, and `if` inside the body.
+        "fn f(x) {\n    let mut acc = 1.0;\n    for i in 0..7 {\n        let g = |z| if z > 1.0 { z * x } else { z + x };\n        acc = g(acc) * 0.9;\n    }\n    acc\n}\n\
+         fn main() { print(value_and_grad(f)(0.7), jvp(f, (0.7,), (1.0,))); }\n",
+    ];
+    let run = |src: &str, mode: M, names: Option<&dyn Fn(usize) -> String>| {
+        let mut sources = adjoint_lang::SourceMap::new();
+        let root = sources.add_file("roles.adj", src.to_string());
+        let mut program = Program::load(&mut sources, root, None, &NoFiles).unwrap();
+        if let Some(name) = names {
+            for (i, g) in program.lowered.module.graphs.iter_mut().enumerate() {
+                g.name = name(i);
+            }
+        }
+        let ex = program.prepare_main(mode).unwrap();
+        let mut out = Vec::new();
+        let closures = adjoint_runtime::vm::closures_made();
+        program.execute_main(&ex, &mut out).unwrap();
+        let closures = adjoint_runtime::vm::closures_made() - closures;
+        (String::from_utf8(out).unwrap(), closures)
+    };
+    let plain = |i: usize| format!("g{i}");
+    let misleading = |i: usize| ["unwind", "J.f", "B.f", "F.f", "unwind.step"][i % 5].to_string();
+    for src in programs {
+        for mode in [M::Graph, M::Eager] {
+            let expected = run(src, mode, None);
+            assert_eq!(run(src, mode, Some(&plain)), expected, "{mode:?}\n{src}");
+            assert_eq!(
+                run(src, mode, Some(&misleading)),
+                expected,
+                "{mode:?}\n{src}"
+            );
+        }
+    }
+}

@@ -457,7 +457,7 @@ impl Tapes {
                     None if !ins.is_empty()
                         && m.node(n).graph.is_some_and(|g| {
                             let graph = m.graph(g);
-                            graph.name.starts_with("unwind") && graph.output != Some(n)
+                            graph.role.is_unwind() && graph.output != Some(n)
                         }) =>
                     {
                         let b = ins[0];

@@ -57,7 +57,7 @@
 
 use super::{Ad, AdError, Rules, NO_RULE_YET, R};
 use crate::ir::analysis::graph_body_with;
-use crate::ir::{Const, GraphId, Loc, NodeId, NodeKind};
+use crate::ir::{Const, GraphId, GraphRole, Loc, NodeId, NodeKind};
 use crate::prim::{Category, Prim};
 
 /// The primitives whose tangent rule the transform writes itself. They see
@@ -252,7 +252,9 @@ impl Ad<'_> {
         }
         let name = self.m.graph(f).name.clone();
         let floc = self.m.graph(f).loc;
-        let ff = self.m.add_graph(format!("F.{name}"), floc);
+        let ff = self
+            .m
+            .add_graph_as(format!("F.{name}"), floc, GraphRole::Tangent);
         self.prov.graphs.insert(ff, (2, f));
         if closed {
             self.f_closed.insert(f, ff);
@@ -410,7 +412,9 @@ impl Ad<'_> {
         }
         let loc = Loc::NONE;
         let suffix = if differentiable { "" } else { ".nondiff" };
-        let fg = self.m.add_graph(format!("F.{}{suffix}", info.name), loc);
+        let fg = self
+            .m
+            .add_graph_as(format!("F.{}{suffix}", info.name), loc, GraphRole::Tangent);
         self.f_prims.insert(key, fg);
         let xs: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(fg, format!("x{i}"), loc))
@@ -430,10 +434,14 @@ impl Ad<'_> {
             self.zero(fg, loc)
         } else {
             // All tangents zero: no rule to run.
-            let zg = self.m.add_graph(format!("F.{}.zero", info.name), loc);
+            let zg = self
+                .m
+                .add_graph_as(format!("F.{}.zero", info.name), loc, GraphRole::Tangent);
             let z = self.zero(zg, loc);
             self.m.set_output(zg, z);
-            let rg = self.m.add_graph(format!("F.{}.rule", info.name), loc);
+            let rg = self
+                .m
+                .add_graph_as(format!("F.{}.rule", info.name), loc, GraphRole::Tangent);
             let d = match rule {
                 Some(r) => {
                     let mut args = xs.clone();
@@ -472,7 +480,7 @@ impl Ad<'_> {
     /// tangents of what it captures.
     fn fwd_tree_map(&mut self, key: (Prim, usize, bool), arity: usize) -> GraphId {
         let loc = Loc::NONE;
-        let fg = self.m.add_graph("F.tree_map", loc);
+        let fg = self.m.add_graph_as("F.tree_map", loc, GraphRole::Tangent);
         self.f_prims.insert(key, fg);
         let xs: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(fg, format!("x{i}"), loc))

@@ -33,7 +33,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::checks::Check;
 use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
-use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
+use crate::ir::{Const, GraphId, GraphRole, Loc, Module, NodeId, NodeKind};
 use crate::prim::{Category, Prim};
 
 /// What the user asked for.
@@ -612,7 +612,9 @@ impl<'a> Ad<'a> {
         }
         if let Some(t) = self.grad_target(f) {
             let name = self.m.graph(f).name.clone();
-            let jf = self.m.add_graph(format!("J.{name}"), self.m.graph(f).loc);
+            let jf =
+                self.m
+                    .add_graph_as(format!("J.{name}"), self.m.graph(f).loc, GraphRole::Reverse);
             self.prov.graphs.insert(jf, (1, f));
             self.j_closed.insert(f, jf);
             self.j_grad_target(f, jf, &t)?;
@@ -620,7 +622,9 @@ impl<'a> Ad<'a> {
         }
         let name = self.m.graph(f).name.clone();
         let floc = self.m.graph(f).loc;
-        let jf = self.m.add_graph(format!("J.{name}"), floc);
+        let jf = self
+            .m
+            .add_graph_as(format!("J.{name}"), floc, GraphRole::Reverse);
         self.prov.graphs.insert(jf, (1, f));
         if closed {
             self.j_closed.insert(f, jf);
@@ -657,7 +661,9 @@ impl<'a> Ad<'a> {
         }
         let name = self.m.graph(f).name.clone();
         let floc = self.m.graph(f).loc;
-        let jf = self.m.add_graph(format!("J.{name}"), floc);
+        let jf = self
+            .m
+            .add_graph_as(format!("J.{name}"), floc, GraphRole::ReverseStacked);
         if closed {
             self.jk_closed.insert(f, jf);
         } else {
@@ -684,7 +690,9 @@ impl<'a> Ad<'a> {
         let r = self.call(jf, jkr, &args, floc);
         let y = self.get(jf, r, 0, floc);
         let stack = self.get(jf, r, 1, floc);
-        let bf = self.m.add_graph(format!("B.{name}"), floc);
+        let bf = self
+            .m
+            .add_graph_as(format!("B.{name}"), floc, GraphRole::Backprop);
         let dout = self.m.add_param(bf, "dout", floc);
         let uw = self.unwind_graph();
         let uwr = self.gref(uw, floc);
@@ -702,13 +710,17 @@ impl<'a> Ad<'a> {
             return g;
         }
         let loc = Loc::NONE;
-        let uw = self.m.add_graph("unwind", loc);
+        let uw = self.m.add_graph_as("unwind", loc, GraphRole::Unwind);
         self.unwind = Some(uw);
         let stack = self.m.add_param(uw, "stack", loc);
         let d = self.m.add_param(uw, "d", loc);
-        let done = self.m.add_graph("unwind.done", loc);
+        let done = self
+            .m
+            .add_graph_as("unwind.done", loc, GraphRole::UnwindDone);
         self.m.set_output(done, d);
-        let step = self.m.add_graph("unwind.step", loc);
+        let step = self
+            .m
+            .add_graph_as("unwind.step", loc, GraphRole::UnwindStep);
         let b = self.get(step, stack, 0, loc);
         let rest = self.get(step, stack, 1, loc);
         let d2 = self.call(step, b, &[d], loc);
@@ -841,7 +853,9 @@ impl<'a> Ad<'a> {
 
         // The backpropagator: from the output's cotangent, or in J'(f)
         // with a tail call, from the call's (env, d_args..).
-        let bf = self.m.add_graph(format!("B.{name}"), floc);
+        let bf = self
+            .m
+            .add_graph_as(format!("B.{name}"), floc, GraphRole::Backprop);
         let dout = self
             .m
             .add_param(bf, if tail.is_some() { "dcall" } else { "dout" }, floc);
@@ -1035,7 +1049,9 @@ impl<'a> Ad<'a> {
         }
         let loc = Loc::NONE;
         let suffix = if differentiable { "" } else { ".nondiff" };
-        let jg = self.m.add_graph(format!("J.{}{suffix}", info.name), loc);
+        let jg = self
+            .m
+            .add_graph_as(format!("J.{}{suffix}", info.name), loc, GraphRole::Reverse);
         self.j_prims.insert(key, jg);
         let xs: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(jg, format!("x{i}"), loc))
@@ -1051,13 +1067,17 @@ impl<'a> Ad<'a> {
             self.prim(jg, p, &xs, loc)
         };
 
-        let bg = self.m.add_graph(format!("B.{}{suffix}", info.name), loc);
+        let bg = self
+            .m
+            .add_graph_as(format!("B.{}{suffix}", info.name), loc, GraphRole::Backprop);
         let dout = self.m.add_param(bg, "dout", loc);
         if !differentiable {
             let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(bg, loc)).collect();
             self.output_tuple(bg, &zs, loc);
         } else {
-            let cg = self.m.add_graph(format!("B.{}.rule", info.name), loc);
+            let cg = self
+                .m
+                .add_graph_as(format!("B.{}.rule", info.name), loc, GraphRole::Backprop);
             let mut cots = vec![self.zero(cg, loc)];
             match rule {
                 Some(r) => {
@@ -1093,7 +1113,9 @@ impl<'a> Ad<'a> {
         name: &str,
         loc: Loc,
     ) {
-        let zg = self.m.add_graph(format!("B.{name}.zero"), loc);
+        let zg = self
+            .m
+            .add_graph_as(format!("B.{name}.zero"), loc, GraphRole::Backprop);
         let zs: Vec<NodeId> = (0..=arity).map(|_| self.zero(zg, loc)).collect();
         self.output_tuple(zg, &zs, loc);
         let z = self.prim(bg, Prim::IsZero, &[dout], loc);
@@ -1118,7 +1140,7 @@ impl<'a> Ad<'a> {
     /// differentiated by this rule in turn (higher derivatives).
     fn j_tree_map(&mut self, key: (Prim, usize, bool), arity: usize) -> GraphId {
         let loc = Loc::NONE;
-        let jg = self.m.add_graph("J.tree_map", loc);
+        let jg = self.m.add_graph_as("J.tree_map", loc, GraphRole::Reverse);
         self.j_prims.insert(key, jg);
         let xs: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(jg, format!("x{i}"), loc))
@@ -1127,10 +1149,12 @@ impl<'a> Ad<'a> {
         let y = self.tree_pick(jg, xs[1], pairs, 0);
         let bps = self.tree_pick(jg, xs[1], pairs, 1);
 
-        let bg = self.m.add_graph("B.tree_map", loc);
+        let bg = self.m.add_graph_as("B.tree_map", loc, GraphRole::Backprop);
         let dout = self.m.add_param(bg, "dout", loc);
         // Zero in, zeros out.
-        let cg = self.m.add_graph("B.tree_map.rule", loc);
+        let cg = self
+            .m
+            .add_graph_as("B.tree_map.rule", loc, GraphRole::Backprop);
         let apply = self.m.add_graph("tree_map.apply", loc);
         let bp = self.m.add_param(apply, "bp", loc);
         let d = self.m.add_param(apply, "d", loc);
@@ -1240,7 +1264,9 @@ impl<'a> Ad<'a> {
                 note: None,
             });
         }
-        let jg = self.m.add_graph(format!("J.{name}"), loc);
+        let jg = self
+            .m
+            .add_graph_as(format!("J.{name}"), loc, GraphRole::Reverse);
         // Provenance, as for any J graph: run-time transforms of a closure
         // of it take the transform off to find `f`.
         self.prov.graphs.insert(jg, (1, f));
@@ -1256,12 +1282,16 @@ impl<'a> Ad<'a> {
             .collect();
         let fr = self.gref(f, loc);
         let out = self.call(jg, fr, &xs, loc);
-        let bg = self.m.add_graph(format!("B.{name}"), loc);
+        let bg = self
+            .m
+            .add_graph_as(format!("B.{name}"), loc, GraphRole::Backprop);
         let dout = self.m.add_param(bg, "dout", loc);
         // Guarded as for primitives, so the rule (ordinary code,
         // differentiated again for higher orders) only ever sees a concrete
         // cotangent.
-        let cg = self.m.add_graph(format!("B.{name}.rule"), loc);
+        let cg = self
+            .m
+            .add_graph_as(format!("B.{name}.rule"), loc, GraphRole::Backprop);
         let rr = self.gref(rule, loc);
         let mut args = xs.clone();
         args.push(out);

@@ -27,7 +27,7 @@ use std::collections::HashSet;
 
 use super::{Ad, AdKind, AdRequest, R};
 use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs};
-use crate::ir::{Const, GraphId, Loc, NodeId};
+use crate::ir::{Const, GraphId, GraphRole, Loc, NodeId};
 use crate::prim::Prim;
 
 /// A `grad` target the symmetric transforms apply to: its source and the
@@ -135,10 +135,14 @@ impl Ad<'_> {
         let loc = self.m.graph(g).loc;
         let (ps, value) = self.call_target(g, jg, loc);
         let name = self.m.graph(g).name.clone();
-        let b = self.m.add_graph(format!("B.{name}"), loc);
+        let b = self
+            .m
+            .add_graph_as(format!("B.{name}"), loc, GraphRole::Backprop);
         let c = self.m.add_param(b, "dout", loc);
         // The rule for a concrete cotangent (a zero one gives zeros).
-        let rule = self.m.add_graph(format!("B.{name}.rule"), loc);
+        let rule = self
+            .m
+            .add_graph_as(format!("B.{name}.rule"), loc, GraphRole::Backprop);
         let which = t.which();
         let mut ts = Vec::with_capacity(ps.len());
         for i in 0..ps.len() {

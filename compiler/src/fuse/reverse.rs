@@ -34,7 +34,7 @@ use crate::codegen::scalar::{SOp, SType, Scalar, ScalarProgram};
 use crate::codegen::scalar_ad::reverse;
 use crate::infer::Types;
 use crate::ir::analysis::{graph_body_with, FreeVars};
-use crate::ir::{Const, GraphId, Loc, Module, NodeId};
+use crate::ir::{Const, GraphId, GraphRole, Module, NodeId};
 use crate::prim::Prim;
 
 /// The stacks of the `J'` graphs among `graphs`: their last parameter
@@ -51,7 +51,7 @@ fn find_stacks(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> Stacks {
     // `J` graphs that return `(value, @B)`: the `if`s a loop's body calls.
     for &g in graphs {
         let graph = m.graph(g);
-        if !graph.name.starts_with("J.") || st.param.contains_key(&g) {
+        if graph.role != GraphRole::Reverse || st.param.contains_key(&g) {
             continue;
         }
         let Some(out) = graph.output else { continue };
@@ -60,7 +60,7 @@ fn find_stacks(m: &Module, graphs: &[GraphId], fv: &FreeVars) -> Stacks {
             continue;
         }
         if let Some(Const::Graph(b)) = m.as_const(ins[2]) {
-            if m.graph(*b).name.starts_with("B.") {
+            if m.graph(*b).role == GraphRole::Backprop {
                 st.nodes.insert(ins[2]);
                 st.closures.insert(g);
             }
@@ -179,11 +179,7 @@ fn arguments_match(cx: &Cx, args: &[NodeId], params: &[NodeId]) -> bool {
 /// Whether `g` is reverse mode's `unwind` ([`crate::ad`] makes it, with
 /// no source location).
 fn is_unwind(m: &Module, g: GraphId) -> bool {
-    let graph = m.graph(g);
-    graph.name.starts_with("unwind")
-        && graph.loc == Loc::NONE
-        && graph.param_names.len() == 2
-        && graph.param_names[0] == "stack"
+    m.graph(g).role == GraphRole::Unwind
 }
 
 /// Adds the two kernels of every loop over scalars whose gradient the VM
@@ -434,8 +430,7 @@ impl Count {
 /// Whether `g` is a graph reverse mode made to thread a stack of
 /// backpropagators: `J'(f)`, whose last parameter is the stack.
 pub(crate) fn threads_stack(m: &Module, g: GraphId) -> bool {
-    let graph = m.graph(g);
-    graph.name.starts_with("J.") && graph.param_names.last().is_some_and(|p| p == "stack")
+    m.graph(g).role == GraphRole::ReverseStacked
 }
 
 /// The test of a loop entry `g` that chooses its body with `lt(p, bound)`,

@@ -106,11 +106,97 @@ pub struct Node {
     pub loc: Loc,
 }
 
+/// What a graph is for, set by the pass that makes it. Passes that treat
+/// the graphs of lowering or of AD specially ask for the role, never for
+/// the name (names are for people, and users choose them). Copies of a
+/// graph (inlining, specialisation) keep its role. The text format writes
+/// every role but [`GraphRole::Primal`] before `graph`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GraphRole {
+    /// A function, closure, branch or block of the program, or a graph a
+    /// pass made with no role of its own.
+    #[default]
+    Primal,
+    /// A loop's test: `while` or `for` header, which calls the body or the
+    /// exit.
+    LoopHeader,
+    /// A loop's body, which tail-calls the header.
+    LoopBody,
+    /// What runs after a loop (`after`).
+    LoopExit,
+    /// Reverse mode's `J(f)`: returns `(value, backpropagator)`.
+    Reverse,
+    /// Reverse mode's `J'(f)` of a graph on a cycle of tail calls: its last
+    /// parameter is the stack of backpropagators it threads.
+    ReverseStacked,
+    /// A backpropagator `B(f)` or `B'(f)`, or a primitive rule's.
+    Backprop,
+    /// Reverse mode's `unwind(stack, d)`, which pops a stack of
+    /// backpropagators.
+    Unwind,
+    /// The branch of `unwind` that runs the top backpropagator.
+    UnwindStep,
+    /// The branch of `unwind` on an empty stack.
+    UnwindDone,
+    /// Forward mode's `F(f)`: returns `(value, tangent)`.
+    Tangent,
+}
+
+impl GraphRole {
+    pub const ALL: [GraphRole; 11] = [
+        GraphRole::Primal,
+        GraphRole::LoopHeader,
+        GraphRole::LoopBody,
+        GraphRole::LoopExit,
+        GraphRole::Reverse,
+        GraphRole::ReverseStacked,
+        GraphRole::Backprop,
+        GraphRole::Unwind,
+        GraphRole::UnwindStep,
+        GraphRole::UnwindDone,
+        GraphRole::Tangent,
+    ];
+
+    /// The word the text format writes before `graph` (empty for
+    /// [`GraphRole::Primal`]).
+    pub fn keyword(self) -> &'static str {
+        match self {
+            GraphRole::Primal => "",
+            GraphRole::LoopHeader => "loop_header",
+            GraphRole::LoopBody => "loop_body",
+            GraphRole::LoopExit => "loop_exit",
+            GraphRole::Reverse => "reverse",
+            GraphRole::ReverseStacked => "reverse_stacked",
+            GraphRole::Backprop => "backprop",
+            GraphRole::Unwind => "unwind",
+            GraphRole::UnwindStep => "unwind_step",
+            GraphRole::UnwindDone => "unwind_done",
+            GraphRole::Tangent => "tangent",
+        }
+    }
+
+    /// `unwind` or one of its branches.
+    pub fn is_unwind(self) -> bool {
+        matches!(
+            self,
+            GraphRole::Unwind | GraphRole::UnwindStep | GraphRole::UnwindDone
+        )
+    }
+
+    pub fn from_keyword(word: &str) -> Option<GraphRole> {
+        GraphRole::ALL
+            .into_iter()
+            .find(|r| *r != GraphRole::Primal && r.keyword() == word)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Graph {
     /// A readable name, unique within the module after lowering (`main`,
-    /// `loss`, `main.while_header.3`).
+    /// `loss`, `main.while_header.3`). Only for people: passes read
+    /// [`Graph::role`].
     pub name: String,
+    pub role: GraphRole,
     pub params: Vec<NodeId>,
     /// Parameter names (for printing and diagnostics), parallel to `params`.
     pub param_names: Vec<String>,
@@ -176,9 +262,15 @@ impl Module {
     }
 
     pub fn add_graph(&mut self, name: impl Into<String>, loc: Loc) -> GraphId {
+        self.add_graph_as(name, loc, GraphRole::Primal)
+    }
+
+    /// A new empty graph with a role.
+    pub fn add_graph_as(&mut self, name: impl Into<String>, loc: Loc, role: GraphRole) -> GraphId {
         let id = GraphId(self.graphs.len() as u32);
         self.graphs.push(Graph {
             name: name.into(),
+            role,
             params: Vec::new(),
             param_names: Vec::new(),
             output: None,

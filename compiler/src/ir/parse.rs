@@ -14,7 +14,7 @@ use std::sync::Arc;
 use adjoint_runtime::tensor::{DType, Tensor};
 
 use super::print::is_name_char;
-use super::{Const, GraphId, Loc, Module, NodeId};
+use super::{Const, GraphId, GraphRole, Loc, Module, NodeId};
 use crate::prim::Prim;
 
 /// A syntax error, or a reference to an undefined node or graph, at a
@@ -95,6 +95,7 @@ struct ParamAst {
 struct GraphAst {
     at: usize,
     name: String,
+    role: GraphRole,
     params: Vec<ParamAst>,
     ret_ty: Option<String>,
     stmts: Vec<Stmt>,
@@ -391,13 +392,31 @@ impl<'a> Reader<'a> {
                 return Ok(graphs);
             }
             let at = self.pos;
+            let role = match self.word().and_then(GraphRole::from_keyword) {
+                Some(role) => {
+                    self.ws();
+                    role
+                }
+                None => {
+                    self.pos = at;
+                    GraphRole::Primal
+                }
+            };
+            let kw = self.pos;
             if !self.keyword("graph") {
+                let expected = if role == GraphRole::Primal {
+                    "`graph` or a graph role"
+                } else {
+                    "`graph`"
+                };
                 return self.err(
-                    at,
-                    format!("expected `graph`, found {}", self.describe_here()),
+                    kw,
+                    format!("expected {expected}, found {}", self.describe_here()),
                 );
             }
-            graphs.push(self.graph(at)?);
+            let mut graph = self.graph(at)?;
+            graph.role = role;
+            graphs.push(graph);
         }
     }
 
@@ -527,6 +546,7 @@ impl<'a> Reader<'a> {
         Ok(GraphAst {
             at,
             name,
+            role: GraphRole::Primal,
             params,
             ret_ty,
             stmts,
@@ -793,7 +813,7 @@ fn build(src: &str, asts: Vec<GraphAst>) -> R<Parsed> {
     let mut by_name: HashMap<String, GraphId> = HashMap::new();
     let mut graphs = Vec::with_capacity(asts.len());
     for ast in &asts {
-        let g = m.add_graph(ast.name.clone(), Loc::NONE);
+        let g = m.add_graph_as(ast.name.clone(), Loc::NONE, ast.role);
         if by_name.insert(ast.name.clone(), g).is_some() {
             return Err(error_at(
                 src,
@@ -926,5 +946,31 @@ mod tests {
         let out = m.graph(gs[0]).output.unwrap();
         assert_eq!(m.applied_prim(out), Some(Prim::Neg));
         assert_eq!(m.as_const(m.inputs(out)[1]), Some(&Const::Prim(Prim::Exp)));
+    }
+
+    #[test]
+    fn graph_roles_round_trip() {
+        use crate::ir::print::print_module;
+        use crate::ir::GraphRole;
+        let mut text = String::new();
+        for (i, role) in GraphRole::ALL.into_iter().enumerate() {
+            if role != GraphRole::Primal {
+                text.push_str(role.keyword());
+                text.push(' ');
+            }
+            text.push_str(&format!("graph @g{i}(%{i} x) {{\n  return %{i}\n}}\n\n"));
+        }
+        let (m, gs) = parse_module(&text).unwrap();
+        let roles: Vec<GraphRole> = gs.iter().map(|g| m.graph(*g).role).collect();
+        assert_eq!(roles, GraphRole::ALL);
+        assert_eq!(print_module(&m, &gs, None).trim_end(), text.trim_end());
+        let err = parse_module("backward graph @f() {\n  return 1\n}\n").unwrap_err();
+        assert!(
+            err.to_string().contains("expected `graph` or a graph role"),
+            "{err}"
+        );
+        let err = parse_module("backprop @f() {\n  return 1\n}\n").unwrap_err();
+        assert!(err.to_string().contains("expected `graph`, found"), "{err}");
+        assert_eq!(GraphRole::from_keyword("graph"), None);
     }
 }

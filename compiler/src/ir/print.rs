@@ -26,7 +26,7 @@ use std::fmt::{self, Write as _};
 
 use adjoint_runtime::tensor::{DType, Tensor};
 
-use super::{Const, GraphId, Module, NodeId, NodeKind};
+use super::{Const, GraphId, GraphRole, Module, NodeId, NodeKind};
 
 /// A callback giving the type of a node, as text, when one is known.
 pub type TypeFn<'a> = &'a dyn Fn(NodeId) -> Option<String>;
@@ -277,6 +277,10 @@ fn write_graph(out: &mut String, m: &Module, l: &Layout, i: usize, types: Option
     let g = l.graphs[i];
     let graph = m.graph(g);
     let ty = |n: NodeId| types.and_then(|f| f(n));
+    if graph.role != GraphRole::Primal {
+        out.push_str(graph.role.keyword());
+        out.push(' ');
+    }
     out.push_str("graph @");
     write_name(out, &l.names[i]);
     out.push('(');

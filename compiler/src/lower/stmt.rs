@@ -18,7 +18,7 @@ use adjoint_lang::{Diagnostic, Span};
 
 use super::scan;
 use super::{binop_prim, Binding, Cont, Cx, LocalFn, LoopCx, Lowerer, R};
-use crate::ir::{Const, NodeId};
+use crate::ir::{Const, GraphRole, NodeId};
 use crate::prim::Prim;
 
 impl Lowerer<'_> {
@@ -356,9 +356,12 @@ impl Lowerer<'_> {
     ) -> R<Option<NodeId>> {
         let vars = self.carried(cx, &scan::assigned_in_block(body));
         let (after, mut acx, _) = self.join_graph(cx, "after", &[], &vars, span);
+        self.m.graph_mut(after).role = GraphRole::LoopExit;
         let (header, mut hcx, _) = self.join_graph(cx, "while", &[], &vars, span);
+        self.m.graph_mut(header).role = GraphRole::LoopHeader;
         let c = self.lower_expr(module, &mut hcx, cond)?;
         let (b, mut bcx, _) = self.join_graph(&hcx, "body", &[], &vars, body.span);
+        self.m.graph_mut(b).role = GraphRole::LoopBody;
         bcx.loops.push(LoopCx {
             header,
             after,
@@ -426,10 +429,13 @@ impl Lowerer<'_> {
         };
         let vars = self.carried(cx, &scan::assigned_in_block(body));
         let (after, mut acx, _) = self.join_graph(cx, "after", &[], &vars, span);
+        self.m.graph_mut(after).role = GraphRole::LoopExit;
         let (header, mut hcx, extra) = self.join_graph(cx, "for", &["i"], &vars, span);
+        self.m.graph_mut(header).role = GraphRole::LoopHeader;
         let i = extra[0];
         let c = self.prim(&hcx, Prim::Lt, &[i, hi], pattern.span);
         let (b, mut bcx, _) = self.join_graph(&hcx, "body", &[], &vars, body.span);
+        self.m.graph_mut(b).role = GraphRole::LoopBody;
         let one = self.konst(Const::Int(1), pattern.span);
         let next = self.prim(&bcx, Prim::Add, &[i, one], pattern.span);
         bcx.loops.push(LoopCx {

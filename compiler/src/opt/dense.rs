@@ -25,7 +25,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::Rewriter;
 use crate::infer::{AbsVal, Types};
-use crate::ir::{Const, GraphId, NodeId};
+use crate::ir::{Const, GraphId, GraphRole, NodeId};
 use crate::prim::Prim;
 
 impl Rewriter<'_> {
@@ -78,7 +78,7 @@ impl Rewriter<'_> {
         }
         let b = self.m.as_graph(items[1])?;
         // (A graph made in this pass is one of ours, done already.)
-        if b.index() >= self.graphs_at_start || !self.m.graph(b).name.starts_with("B.") {
+        if b.index() >= self.graphs_at_start || self.m.graph(b).role != GraphRole::Backprop {
             return None;
         }
         Some((b, self.resolve(items[2])))
@@ -507,7 +507,9 @@ impl Rewriter<'_> {
         for (g, make, bx) in pushes {
             let loc = self.m.node(make).loc;
             let name = format!("{}.then", self.m.graph(bx).name);
-            let merged = self.m.add_graph(name, self.m.graph(bx).loc);
+            let merged = self
+                .m
+                .add_graph_as(name, self.m.graph(bx).loc, GraphRole::Backprop);
             let d = self.m.add_param(merged, "dcall", loc);
             let bx_ref = self.m.add_const(Const::Graph(bx), loc);
             let r = self.m.add_apply(merged, vec![bx_ref, d], loc);

@@ -122,7 +122,7 @@ impl Rewriter<'_> {
         for &k in &nest[1..] {
             let kg = self.m.graph(k).clone();
             let loc = self.relocate(kg.loc, site);
-            let k2 = self.m.add_graph(kg.name.clone(), loc);
+            let k2 = self.m.add_graph_as(kg.name.clone(), loc, kg.role);
             gmap.insert(k, k2);
             for (p, nm) in kg.params.iter().zip(&kg.param_names) {
                 let ploc = self.m.node(*p).loc;

@@ -92,7 +92,9 @@ impl Rewriter<'_> {
                     Known::Graph(k) => self.m.graph(k).name.clone(),
                     Known::Prim(p) => p.name().to_string(),
                 };
-                let c = self.m.add_graph(format!("{}[{}]", hg.name, fname), hg.loc);
+                let c = self
+                    .m
+                    .add_graph_as(format!("{}[{}]", hg.name, fname), hg.loc, hg.role);
                 let mut inner = Vec::with_capacity(params.len());
                 for (i, (p, name)) in params.iter().zip(&hg.param_names).enumerate() {
                     inner.push(if i == j {
