@@ -21,8 +21,9 @@
 //! and every case must stay below its tolerance (1e-6 unless the case says
 //! otherwise).
 //!
-//! Coverage: every primitive of `Prim::ALL` whose `info().differentiable` is
-//! set must have a case here, except the few listed in `SKIP`; since every
+//! Coverage: every primitive of `Prim::all()` whose `info().differentiable` is
+//! set must have a case here (the math table's functions get theirs from
+//! their rows, on the domain each row gives), except the few listed in `SKIP`; since every
 //! case runs in both modes, that covers forward mode too. A primitive
 //! added later without a case makes `every_differentiable_primitive_has_a_case`
 //! fail. Primitives listed in `ad::NO_RULE_YET` must fail to compile, in
@@ -34,6 +35,7 @@
 
 use adjoint::{Mode, Session};
 use adjoint_compiler::prim::Prim;
+use adjoint_runtime::math::{Domain, MathFn};
 use std::collections::BTreeSet;
 
 /// Differentiable primitives without a finite-difference case, with the
@@ -136,6 +138,15 @@ fn wide(shape: &str, seed: u32) -> String {
     format!("({} * 3.0)", rn(shape, seed))
 }
 
+/// Values in (-0.9, 0.9).
+fn unit(shape: &str, seed: u32) -> String {
+    format!("(tanh({}) * 0.9)", rn(shape, seed))
+}
+/// Values >= 1.5.
+fn above_one(shape: &str, seed: u32) -> String {
+    format!("(abs({}) + 1.5)", rn(shape, seed))
+}
+
 /// Makes the input of a case: a seed's random tensor, in a domain.
 type Input = fn(&str, u32) -> String;
 
@@ -164,7 +175,24 @@ fn cases() -> Vec<Case> {
         ("digamma", "digamma(x)", pos),
         ("trigamma", "trigamma(x)", pos),
     ];
-    for (i, (p, e, init)) in unary.iter().enumerate() {
+    // The math table's functions, on the domain its rows give.
+    let math: Vec<(&str, String, Input)> = MathFn::ALL
+        .iter()
+        .map(|f| {
+            let init: Input = match f.row().domain {
+                Domain::Real => rn,
+                Domain::Positive => pos,
+                Domain::Unit => unit,
+                Domain::AboveOne => above_one,
+            };
+            (f.name(), format!("{}(x)", f.name()), init)
+        })
+        .collect();
+    let unary = unary
+        .iter()
+        .map(|(p, e, init)| (*p, e.to_string(), *init))
+        .chain(math);
+    for (i, (p, e, init)) in unary.enumerate() {
         let s = i as u32 * 10;
         v.push(
             case(p, "f64[3, 4]")
@@ -903,7 +931,7 @@ fn run(name: &str, src: &str) -> Result<String, String> {
 }
 
 fn differentiable() -> BTreeSet<&'static str> {
-    Prim::ALL
+    Prim::all()
         .iter()
         .filter(|p| p.info().differentiable)
         .map(|p| p.name())

@@ -2,13 +2,20 @@
 //!
 //! One row per primitive: its name (the name users call it by, the name the
 //! IR prints, and the name of its reference kernel in `adjoint-runtime`), its
-//! category, and its parameters with defaults (keyword arguments are
-//! normalised against this list by lowering). The type-and-shape rule lives
+//! category, its parameters with defaults (keyword arguments are
+//! normalised against this list by lowering), whether it is
+//! differentiable, and, for element-wise primitives of one argument, its
+//! derivative rule (`d "..."`, see [`crate::rule`]), from which reverse,
+//! forward and scalar-loop derivatives all come. The math functions of
+//! `adjoint_runtime::math` are primitives too, [`Prim::Math`]: their rows
+//! live in that table, with their kernels. The type-and-shape rule lives
 //! in [`crate::infer::rules`], selected by an exhaustive `match` over
 //! [`Prim`], so adding a primitive makes the compiler list every place that
 //! must handle it.
 
 use std::fmt;
+
+use adjoint_runtime::math::MathFn;
 
 /// What a primitive does, for passes that treat groups of primitives alike.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -81,14 +88,20 @@ const NONE: &[Param] = &[];
 const IO: &[Param] = &[req("io")];
 
 macro_rules! prims {
-    ($( $(#[$meta:meta])* $variant:ident = $name:literal, $cat:ident, $params:expr, $variadic:literal, $diff:literal; )*) => {
+    ($( $(#[$meta:meta])* $variant:ident = $name:literal, $cat:ident, $params:expr, $variadic:literal, $diff:literal $(, d $rule:literal)?; )*) => {
         /// A primitive operation.
         #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum Prim { $($(#[$meta])* $variant),* }
+        pub enum Prim {
+            $($(#[$meta])* $variant,)*
+            /// A function of the math table (`adjoint_runtime::math`):
+            /// element-wise, one float argument, differentiable by the
+            /// table's rule.
+            Math(MathFn),
+        }
 
         impl Prim {
-            /// Every primitive, in table order.
-            pub const ALL: &'static [Prim] = &[$(Prim::$variant),*];
+            /// The primitives of this table's rows, in table order.
+            const ROWS: &'static [Prim] = &[$(Prim::$variant),*];
 
             pub fn info(self) -> PrimInfo {
                 match self {
@@ -98,7 +111,25 @@ macro_rules! prims {
                         params: { const P: &[Param] = $params; P },
                         variadic: $variadic,
                         differentiable: $diff,
-                    }),*
+                    },)*
+                    Prim::Math(f) => PrimInfo {
+                        name: f.name(),
+                        category: Category::Map,
+                        params: X,
+                        variadic: false,
+                        differentiable: true,
+                    },
+                }
+            }
+
+            /// The derivative rule of an element-wise primitive of one
+            /// argument, if the table gives one ([`crate::rule`]).
+            pub fn derivative(self) -> Option<&'static str> {
+                match self {
+                    $($(Prim::$variant => Some($rule),)?)*
+                    Prim::Math(f) => Some(f.row().derivative),
+                    #[allow(unreachable_patterns)]
+                    _ => None,
                 }
             }
         }
@@ -107,23 +138,23 @@ macro_rules! prims {
 
 prims! {
     // element-wise, one operand
-    Neg = "neg", Map, X, false, true;
-    Exp = "exp", Map, X, false, true;
-    Log = "log", Map, X, false, true;
-    Log1p = "log1p", Map, X, false, true;
-    Sin = "sin", Map, X, false, true;
-    Cos = "cos", Map, X, false, true;
-    Tanh = "tanh", Map, X, false, true;
-    Sigmoid = "sigmoid", Map, X, false, true;
-    Relu = "relu", Map, X, false, true;
-    Sqrt = "sqrt", Map, X, false, true;
-    Rsqrt = "rsqrt", Map, X, false, true;
-    Abs = "abs", Map, X, false, true;
-    Sign = "sign", Map, X, false, true;
-    Floor = "floor", Map, X, false, true;
-    Ceil = "ceil", Map, X, false, true;
-    Lgamma = "lgamma", Map, X, false, true;
-    Erf = "erf", Map, X, false, true;
+    Neg = "neg", Map, X, false, true, d "-d";
+    Exp = "exp", Map, X, false, true, d "d * out";
+    Log = "log", Map, X, false, true, d "d / x";
+    Log1p = "log1p", Map, X, false, true, d "d / (1.0 + x)";
+    Sin = "sin", Map, X, false, true, d "d * cos(x)";
+    Cos = "cos", Map, X, false, true, d "-(d * sin(x))";
+    Tanh = "tanh", Map, X, false, true, d "d * (1.0 - out * out)";
+    Sigmoid = "sigmoid", Map, X, false, true, d "d * out * (1.0 - out)";
+    Relu = "relu", Map, X, false, true, d "where(x > 0.0, d, zeros_like(d))";
+    Sqrt = "sqrt", Map, X, false, true, d "d / (2.0 * out)";
+    Rsqrt = "rsqrt", Map, X, false, true, d "-0.5 * d * out * out * out";
+    Abs = "abs", Map, X, false, true, d "d * sign(x)";
+    Sign = "sign", Map, X, false, true, d "zero";
+    Floor = "floor", Map, X, false, true, d "zero";
+    Ceil = "ceil", Map, X, false, true, d "zero";
+    Lgamma = "lgamma", Map, X, false, true, d "d * digamma(x)";
+    Erf = "erf", Map, X, false, true, d "d * 1.1283791670955126 * exp(-(x * x))";
     Not = "not", Map, X, false, false;
     // element-wise, two operands (NumPy broadcasting, weak literal typing)
     Add = "add", Map, XY, false, true;
@@ -199,9 +230,9 @@ prims! {
     /// Swaps the last two axes (used by the rule of `@`).
     MatrixT = "mT", Reindex, X, false, true;
     /// The derivative of `lgamma`.
-    Digamma = "digamma", Map, X, false, true;
+    Digamma = "digamma", Map, X, false, true, d "d * trigamma(x)";
     /// The derivative of `digamma`.
-    Trigamma = "trigamma", Map, X, false, true;
+    Trigamma = "trigamma", Map, X, false, true, d "d * polygamma(2, x)";
     /// `polygamma(n, x)`: the `n`-th derivative of `digamma` (an int order
     /// `n >= 0`); its derivative is `polygamma(n + 1, x)`.
     Polygamma = "polygamma", Map, &[req("n"), req("x")], false, true;
@@ -287,12 +318,21 @@ impl Prim {
     pub fn name(self) -> &'static str {
         self.info().name
     }
+    /// Every primitive: the rows of this table, then the math table's
+    /// functions.
+    pub fn all() -> &'static [Prim] {
+        static ALL: std::sync::OnceLock<Vec<Prim>> = std::sync::OnceLock::new();
+        ALL.get_or_init(|| {
+            let math = MathFn::ALL.iter().map(|f| Prim::Math(*f));
+            Prim::ROWS.iter().copied().chain(math).collect()
+        })
+    }
     pub fn category(self) -> Category {
         self.info().category
     }
     /// Looks a primitive up by its name.
     pub fn from_name(name: &str) -> Option<Prim> {
-        Prim::ALL.iter().copied().find(|p| p.name() == name)
+        Prim::all().iter().copied().find(|p| p.name() == name)
     }
     /// Whether IO primitives produce a `(io, value)` pair rather than a new
     /// state token alone.
@@ -313,7 +353,7 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_round_trip() {
-        for p in Prim::ALL {
+        for p in Prim::all() {
             assert_eq!(Prim::from_name(p.name()), Some(*p));
         }
     }
@@ -327,7 +367,7 @@ mod kernel_tests {
     /// kernel under its name: a missing one is caught here, not at run time.
     #[test]
     fn every_primitive_has_a_kernel() {
-        let missing: Vec<_> = Prim::ALL
+        let missing: Vec<_> = Prim::all()
             .iter()
             .filter(|p| **p != Prim::Switch)
             .filter(|p| adjoint_runtime::kernels::lookup(p.name()).is_none())

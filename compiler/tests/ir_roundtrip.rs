@@ -870,7 +870,7 @@ mod random {
             ".{0,8}".prop_map(|s: String| Const::Str(Arc::from(s))),
             Just(Const::Unit),
             (0..6usize).prop_map(|i| Const::DType(DType::ALL[i])),
-            (0..Prim::ALL.len()).prop_map(|i| Const::Prim(Prim::ALL[i])),
+            (0..Prim::all().len()).prop_map(|i| Const::Prim(Prim::all()[i])),
             (prop::collection::vec(any::<f32>(), 0..6), any::<bool>()).prop_map(|(v, two)| {
                 let n = v.len();
                 let shape: Vec<usize> = if two && n % 2 == 0 {

@@ -92,7 +92,7 @@ pub fn promote_all(op: &str, items: &[WeakDType]) -> Result<WeakDType, String> {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum UnaryClass {
     /// Needs a float operand: `exp log log1p sin cos tanh sigmoid sqrt rsqrt
-    /// lgamma digamma erf`. A weak int works in f64 (weak); a strong int is an error.
+    /// lgamma digamma erf` and the functions of [`crate::math`]. A weak int works in f64 (weak); a strong int is an error.
     Float,
     /// Any numeric operand, same dtype out: `neg abs sign relu floor ceil`.
     Numeric,
@@ -102,6 +102,9 @@ pub enum UnaryClass {
 
 /// The class of a unary primitive, or `None` if `op` is not one.
 pub fn unary_class(op: &str) -> Option<UnaryClass> {
+    if crate::math::MathFn::from_name(op).is_some() {
+        return Some(UnaryClass::Float);
+    }
     Some(match op {
         "exp" | "log" | "log1p" | "sin" | "cos" | "tanh" | "sigmoid" | "sqrt" | "rsqrt"
         | "lgamma" | "digamma" | "trigamma" | "erf" => UnaryClass::Float,

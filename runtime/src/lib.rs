@@ -10,6 +10,9 @@
 //! - [`dtype`]: promotion with weakly typed literals and the result dtype
 //!   of every element-wise primitive; [`shape`]: the shape rule of every
 //!   primitive. Both are pure and shared with the compiler's type inference;
+//! - [`math`]: the table of element-wise math functions (values,
+//!   derivatives, CUDA names), from which the compiler derives their
+//!   primitives;
 //! - [`kernels`]: one reference kernel per primitive, by name
 //!   ([`kernels::lookup`]);
 //! - [`value`]: run-time values; [`error`]: [`RtError`];
@@ -56,6 +59,7 @@ pub mod error;
 pub mod format;
 pub mod host;
 pub mod kernels;
+pub mod math;
 pub mod memory;
 pub mod shape;
 pub mod tape;

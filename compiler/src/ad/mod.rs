@@ -96,7 +96,7 @@ pub const NO_RULE_YET: &[Prim] = &[];
 /// Checks the rule table: every differentiable primitive has a rule, is
 /// generated here, or is listed in [`NO_RULE_YET`].
 pub fn missing_rules(rules: &Rules) -> Vec<Prim> {
-    Prim::ALL
+    Prim::all()
         .iter()
         .copied()
         .filter(|p| p.info().differentiable)

@@ -31,6 +31,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use adjoint_runtime::kernels::num::Float;
+use adjoint_runtime::math::MathFn;
 
 /// The element type of a kernel: every input, intermediate and output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -106,41 +107,107 @@ macro_rules! op_enum {
     };
 }
 
-op_enum! {
-    /// A unary element-wise operation.
-    UnaryOp {
-        /// `-x`.
-        Neg = "neg",
-        /// `e^x`.
-        Exp = "exp",
-        /// Natural logarithm.
-        Log = "log",
-        /// `ln(1 + x)`.
-        Log1p = "log1p",
-        /// Sine.
-        Sin = "sin",
-        /// Cosine.
-        Cos = "cos",
-        /// Hyperbolic tangent.
-        Tanh = "tanh",
-        /// `1 / (1 + e^-x)`.
-        Sigmoid = "sigmoid",
-        /// `max(x, 0)`, NaN stays NaN.
-        Relu = "relu",
-        /// Square root.
-        Sqrt = "sqrt",
-        /// `1 / sqrt(x)`.
-        Rsqrt = "rsqrt",
-        /// `|x|`.
-        Abs = "abs",
-        /// -1, 0 or 1; NaN and -0.0 are kept.
-        Sign = "sign",
-        /// Round down.
-        Floor = "floor",
-        /// Round up.
-        Ceil = "ceil",
-        /// The error function.
-        Erf = "erf",
+/// A unary element-wise operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnaryOp {
+    /// `-x`.
+    Neg,
+    /// `e^x`.
+    Exp,
+    /// Natural logarithm.
+    Log,
+    /// `ln(1 + x)`.
+    Log1p,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `max(x, 0)`, NaN stays NaN.
+    Relu,
+    /// Square root.
+    Sqrt,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
+    /// `|x|`.
+    Abs,
+    /// -1, 0 or 1; NaN and -0.0 are kept.
+    Sign,
+    /// Round down.
+    Floor,
+    /// Round up.
+    Ceil,
+    /// The error function.
+    Erf,
+    /// A function of the math table (`adjoint_runtime::math`), computed
+    /// by the table's own function (a call per element on the CPU).
+    Math(MathFn),
+}
+
+impl UnaryOp {
+    const BUILT_IN: &'static [UnaryOp] = &[
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Abs,
+        UnaryOp::Sign,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Erf,
+    ];
+
+    /// Every operation: the built-in ones, then the math table's.
+    pub fn all() -> &'static [UnaryOp] {
+        static ALL: std::sync::OnceLock<Vec<UnaryOp>> = std::sync::OnceLock::new();
+        ALL.get_or_init(|| {
+            let math = MathFn::ALL.iter().map(|f| UnaryOp::Math(*f));
+            UnaryOp::BUILT_IN.iter().copied().chain(math).collect()
+        })
+    }
+
+    /// The primitive's name (as in `prim.rs` and the runtime kernels).
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Math(f) => f.name(),
+        }
+    }
+
+    /// The operation of a primitive name, if it is one of these.
+    pub fn from_name(name: &str) -> Option<Self> {
+        UnaryOp::all().iter().copied().find(|op| op.name() == name)
+    }
+}
+
+impl fmt::Display for UnaryOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -752,6 +819,7 @@ pub fn eval_unary<T: Float>(op: UnaryOp, x: T) -> T {
         UnaryOp::Floor => x.floor(),
         UnaryOp::Ceil => x.ceil(),
         UnaryOp::Erf => x.erf(),
+        UnaryOp::Math(f) => T::math(f)(x),
     }
 }
 

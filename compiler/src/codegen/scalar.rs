@@ -20,6 +20,9 @@
 use std::fmt;
 
 use adjoint_runtime::kernels::num::{Float, Num};
+use adjoint_runtime::math::MathFn;
+
+use crate::prim::Prim;
 use adjoint_runtime::tensor::DType;
 
 /// The type of a scalar value.
@@ -159,10 +162,12 @@ pub enum SUnary {
     Digamma,
     Trigamma,
     Not,
+    /// A function of the math table (`adjoint_runtime::math`).
+    Math(MathFn),
 }
 
 impl SUnary {
-    pub const ALL: [SUnary; 20] = [
+    const BUILT_IN: [SUnary; 20] = [
         SUnary::Neg,
         SUnary::Abs,
         SUnary::Sign,
@@ -207,11 +212,49 @@ impl SUnary {
             SUnary::Digamma => "digamma",
             SUnary::Trigamma => "trigamma",
             SUnary::Not => "not",
+            SUnary::Math(f) => f.name(),
         }
     }
 
+    /// Every operation: the built-in ones, then the math table's.
+    pub fn all() -> &'static [SUnary] {
+        static ALL: std::sync::OnceLock<Vec<SUnary>> = std::sync::OnceLock::new();
+        ALL.get_or_init(|| {
+            let math = MathFn::ALL.iter().map(|f| SUnary::Math(*f));
+            SUnary::BUILT_IN.iter().copied().chain(math).collect()
+        })
+    }
+
     pub fn from_name(name: &str) -> Option<SUnary> {
-        SUnary::ALL.into_iter().find(|op| op.name() == name)
+        SUnary::all().iter().copied().find(|op| op.name() == name)
+    }
+
+    /// The primitive the operation computes (whose table row holds its
+    /// derivative rule).
+    pub fn prim(self) -> Prim {
+        match self {
+            SUnary::Neg => Prim::Neg,
+            SUnary::Abs => Prim::Abs,
+            SUnary::Sign => Prim::Sign,
+            SUnary::Relu => Prim::Relu,
+            SUnary::Floor => Prim::Floor,
+            SUnary::Ceil => Prim::Ceil,
+            SUnary::Exp => Prim::Exp,
+            SUnary::Log => Prim::Log,
+            SUnary::Log1p => Prim::Log1p,
+            SUnary::Sin => Prim::Sin,
+            SUnary::Cos => Prim::Cos,
+            SUnary::Tanh => Prim::Tanh,
+            SUnary::Sigmoid => Prim::Sigmoid,
+            SUnary::Sqrt => Prim::Sqrt,
+            SUnary::Rsqrt => Prim::Rsqrt,
+            SUnary::Lgamma => Prim::Lgamma,
+            SUnary::Erf => Prim::Erf,
+            SUnary::Digamma => Prim::Digamma,
+            SUnary::Trigamma => Prim::Trigamma,
+            SUnary::Not => Prim::Not,
+            SUnary::Math(f) => Prim::Math(f),
+        }
     }
 
     /// The operation on one value of its type (the reference semantics).
@@ -255,6 +298,11 @@ impl SUnary {
             SUnary::Erf => float!(x, erf),
             SUnary::Digamma => float!(x, digamma),
             SUnary::Trigamma => float!(x, trigamma),
+            SUnary::Math(f) => match x {
+                Scalar::F32(v) => Scalar::F32(f.eval_f32(v)),
+                Scalar::F64(v) => Scalar::F64(f.eval_f64(v)),
+                _ => unreachable!("float op on an int"),
+            },
             SUnary::Not => match x {
                 Scalar::Bool(b) => Scalar::Bool(!b),
                 _ => unreachable!("not of a number"),
@@ -1094,7 +1142,7 @@ pub(crate) mod tests {
             let x = latest[ti];
             let v = match kind % 5 {
                 0 => {
-                    let op = SUnary::ALL[b as usize % SUnary::ALL.len()];
+                    let op = SUnary::all()[b as usize % SUnary::all().len()];
                     let ok = match op {
                         SUnary::Not => t == Bool,
                         SUnary::Neg

@@ -32,6 +32,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::scalar::*;
+use crate::rule::{self, Rule, RuleExpr};
 
 /// The tag pushed before a non-tail call (function tags are indices).
 const MARK: i64 = -1;
@@ -85,6 +86,80 @@ fn saved(op: &SOp) -> bool {
         SOp::Binary(b, ..) => matches!(b, SBinary::Pow | SBinary::Rem),
         _ => false,
     }
+}
+
+/// The cotangent of the operand of `u` (at `x`, with result `y`) for the
+/// result's cotangent `d`, of float type `t`, from the rule of `u`'s row of
+/// the primitive table ([`crate::rule`]); `None` when it is zero.
+fn unary_rule(
+    fb: &mut Fb,
+    u: SUnary,
+    x: SVal,
+    y: SVal,
+    d: SVal,
+    t: SType,
+) -> Result<Option<SVal>, String> {
+    let Some(text) = u.prim().derivative() else {
+        return Ok(None);
+    };
+    match rule::parse(text)? {
+        Rule::Zero => Ok(None),
+        Rule::Expr(e) => emit_rule(fb, &e, [x, y, d], t).map(Some),
+    }
+}
+
+/// Scalar operations computing rule expression `e` for `x`, `out` and `d`.
+fn emit_rule(fb: &mut Fb, e: &RuleExpr, xyd: [SVal; 3], t: SType) -> Result<SVal, String> {
+    let [x, y, d] = xyd;
+    Ok(match e {
+        RuleExpr::Num(v) => fb.konst(float_const(t, *v)),
+        RuleExpr::X => x,
+        RuleExpr::Out => y,
+        RuleExpr::D => d,
+        RuleExpr::Neg(a) => {
+            let a = emit_rule(fb, a, xyd, t)?;
+            fb.one(SOp::Unary(SUnary::Neg, a), t)
+        }
+        RuleExpr::Arith(op, a, b) => {
+            let a = emit_rule(fb, a, xyd, t)?;
+            let b = emit_rule(fb, b, xyd, t)?;
+            let op = match op {
+                '+' => SBinary::Add,
+                '-' => SBinary::Sub,
+                '*' => SBinary::Mul,
+                _ => SBinary::Div,
+            };
+            fb.one(SOp::Binary(op, a, b), t)
+        }
+        RuleExpr::Cmp(op, a, b) => {
+            let a = emit_rule(fb, a, xyd, t)?;
+            let b = emit_rule(fb, b, xyd, t)?;
+            let op = match *op {
+                ">" => SBinary::Gt,
+                "<" => SBinary::Lt,
+                ">=" => SBinary::Ge,
+                "<=" => SBinary::Le,
+                "==" => SBinary::Eq,
+                _ => SBinary::Ne,
+            };
+            fb.one(SOp::Binary(op, a, b), SType::Bool)
+        }
+        RuleExpr::Call(name, args) => match (name.as_str(), &args[..]) {
+            ("where", [c, a, b]) => {
+                let c = emit_rule(fb, c, xyd, t)?;
+                let a = emit_rule(fb, a, xyd, t)?;
+                let b = emit_rule(fb, b, xyd, t)?;
+                fb.one(SOp::Select(c, a, b), t)
+            }
+            ("zeros_like", [_]) => fb.konst(zero_of(t)),
+            (f, [a]) => {
+                let op = SUnary::from_name(f).ok_or_else(|| format!("{f} has no scalar rule"))?;
+                let a = emit_rule(fb, a, xyd, t)?;
+                fb.one(SOp::Unary(op, a), t)
+            }
+            _ => return Err(format!("{name} has no scalar rule")),
+        },
+    })
 }
 
 /// The functions a function tail-calls.
@@ -710,81 +785,8 @@ impl Rev<'_> {
             match &inst.op {
                 SOp::Const(_) => {}
                 SOp::Unary(u, x) => {
-                    let xv = m(x);
-                    let bin = |fb: &mut Fb, op, a, b| fb.one(SOp::Binary(op, a, b), t);
-                    let un = |fb: &mut Fb, op, a| fb.one(SOp::Unary(op, a), t);
-                    use SBinary::*;
-                    let dx = match u {
-                        SUnary::Neg => Some(un(&mut fb, SUnary::Neg, dr)),
-                        SUnary::Abs => {
-                            let s = un(&mut fb, SUnary::Sign, xv);
-                            Some(bin(&mut fb, Mul, dr, s))
-                        }
-                        SUnary::Sign | SUnary::Floor | SUnary::Ceil | SUnary::Not => None,
-                        SUnary::Relu => {
-                            let z = k(&mut fb, 0.0);
-                            let pos = fb.one(SOp::Binary(Gt, xv, z), SType::Bool);
-                            Some(fb.one(SOp::Select(pos, dr, z), t))
-                        }
-                        SUnary::Exp => Some(bin(&mut fb, Mul, dr, y)),
-                        SUnary::Log => Some(bin(&mut fb, Div, dr, xv)),
-                        SUnary::Log1p => {
-                            let one = k(&mut fb, 1.0);
-                            let s = bin(&mut fb, Add, one, xv);
-                            Some(bin(&mut fb, Div, dr, s))
-                        }
-                        SUnary::Sin => {
-                            let c = un(&mut fb, SUnary::Cos, xv);
-                            Some(bin(&mut fb, Mul, dr, c))
-                        }
-                        SUnary::Cos => {
-                            let s = un(&mut fb, SUnary::Sin, xv);
-                            let ds = bin(&mut fb, Mul, dr, s);
-                            Some(un(&mut fb, SUnary::Neg, ds))
-                        }
-                        SUnary::Tanh => {
-                            let one = k(&mut fb, 1.0);
-                            let yy = bin(&mut fb, Mul, y, y);
-                            let s = bin(&mut fb, Sub, one, yy);
-                            Some(bin(&mut fb, Mul, dr, s))
-                        }
-                        SUnary::Sigmoid => {
-                            let one = k(&mut fb, 1.0);
-                            let dy = bin(&mut fb, Mul, dr, y);
-                            let s = bin(&mut fb, Sub, one, y);
-                            Some(bin(&mut fb, Mul, dy, s))
-                        }
-                        SUnary::Sqrt => {
-                            let two = k(&mut fb, 2.0);
-                            let s = bin(&mut fb, Mul, two, y);
-                            Some(bin(&mut fb, Div, dr, s))
-                        }
-                        SUnary::Rsqrt => {
-                            let h = k(&mut fb, -0.5);
-                            let a = bin(&mut fb, Mul, h, dr);
-                            let b = bin(&mut fb, Mul, a, y);
-                            Some(bin(&mut fb, Div, b, xv))
-                        }
-                        SUnary::Lgamma => {
-                            let dg = un(&mut fb, SUnary::Digamma, xv);
-                            Some(bin(&mut fb, Mul, dr, dg))
-                        }
-                        SUnary::Erf => {
-                            let c = k(&mut fb, std::f64::consts::FRAC_2_SQRT_PI);
-                            let a = bin(&mut fb, Mul, dr, c);
-                            let xx = bin(&mut fb, Mul, xv, xv);
-                            let nx = un(&mut fb, SUnary::Neg, xx);
-                            let e = un(&mut fb, SUnary::Exp, nx);
-                            Some(bin(&mut fb, Mul, a, e))
-                        }
-                        SUnary::Digamma => {
-                            let tg = un(&mut fb, SUnary::Trigamma, xv);
-                            Some(bin(&mut fb, Mul, dr, tg))
-                        }
-                        SUnary::Trigamma => {
-                            return Err(format!("{}: trigamma has no scalar rule", f.name))
-                        }
-                    };
+                    let dx = unary_rule(&mut fb, *u, m(x), y, dr, t)
+                        .map_err(|e| format!("{}: {e}", f.name))?;
                     if let Some(dx) = dx {
                         acc(&mut fb, &mut adj, *x, dx);
                     }

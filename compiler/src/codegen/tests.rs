@@ -195,7 +195,7 @@ const DTYPES: [KDType; 2] = [KDType::F32, KDType::F64];
 fn codegen_unary_ops_match_reference() {
     let mut rng = Rng(1);
     for dt in DTYPES {
-        for &op in UnaryOp::ALL {
+        for &op in UnaryOp::all() {
             // 1037: unrolled vector loop, single vectors and a scalar tail.
             let n = 1037;
             let spec = unary_spec(op, dt, n);

@@ -122,7 +122,8 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         | Prim::Lgamma
         | Prim::Digamma
         | Prim::Trigamma
-        | Prim::Erf => unary(p, &args[0], None),
+        | Prim::Erf
+        | Prim::Math(_) => unary(p, &args[0], None),
         Prim::Polygamma => {
             let n = int_scalar(op, "order n", &args[0])?;
             let max = adjoint_runtime::kernels::num::POLYGAMMA_MAX_ORDER;
@@ -1613,7 +1614,7 @@ mod tests {
     #[test]
     fn every_primitive_has_a_rule_that_does_not_panic_on_junk() {
         // Junk arguments of the right count give errors, never panics.
-        for p in Prim::ALL {
+        for p in Prim::all() {
             let n = p.info().params.len();
             let _ = run(*p, &vec![AbsVal::Io; n]);
             let _ = run(*p, &vec![AbsVal::int(1, true); n]);

@@ -136,7 +136,7 @@ impl<'a> Reader<'a> {
         Reader {
             src,
             pos: 0,
-            prims: Prim::ALL.iter().map(|&p| (p.name(), p)).collect(),
+            prims: Prim::all().iter().map(|&p| (p.name(), p)).collect(),
         }
     }
 

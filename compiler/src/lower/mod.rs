@@ -40,6 +40,19 @@ pub const STDLIB: &[(&str, &str)] = &[
     ("optim", include_str!("../../../stdlib/optim.adj")),
 ];
 
+/// The text of a standard library module as the compiler loads it: the
+/// rule files get the rules generated from the primitive table
+/// ([`crate::rule::stdlib_rules`]) appended.
+pub fn stdlib_text(name: &str) -> Option<String> {
+    let (_, text) = STDLIB.iter().find(|(n, _)| *n == name)?;
+    let (bprop, jvp) = crate::rule::stdlib_rules();
+    Some(match name {
+        "bprop" => format!("{text}{bprop}"),
+        "jvp" => format!("{text}{jvp}"),
+        _ => text.to_string(),
+    })
+}
+
 /// Reads imported files (the root package provides one backed by the file
 /// system; nothing below it touches the file system itself).
 pub trait SourceLoader {
@@ -295,11 +308,16 @@ impl<'a> Lowerer<'a> {
         let prelude = lw.load_module(pf, None);
         lw.mods[prelude].internal = true;
         lw.prelude = Some(prelude);
-        let bf = lw.sources.add_file("<stdlib>/bprop.adj", STDLIB[2].1);
+        let bf = lw.sources.add_file(
+            "<stdlib>/bprop.adj",
+            stdlib_text("bprop").expect("bprop.adj"),
+        );
         let bprop_mod = lw.load_module(bf, None);
         lw.mods[bprop_mod].internal = true;
         lw.bprop_mod = Some(bprop_mod);
-        let jf = lw.sources.add_file("<stdlib>/jvp.adj", STDLIB[3].1);
+        let jf = lw
+            .sources
+            .add_file("<stdlib>/jvp.adj", stdlib_text("jvp").expect("jvp.adj"));
         let jvp_mod = lw.load_module(jf, None);
         lw.mods[jvp_mod].internal = true;
         lw.jvp_mod = Some(jvp_mod);
@@ -1212,7 +1230,7 @@ impl<'a> Lowerer<'a> {
         // Only the primitives this module may call: suggesting an internal
         // one (`cast`, `gadd`) would name something the user cannot use.
         candidates.extend(
-            Prim::ALL
+            Prim::all()
                 .iter()
                 .filter(|p| self.prim_named(module, p.name()).is_some())
                 .map(|p| p.name().to_string()),

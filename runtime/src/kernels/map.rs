@@ -7,6 +7,7 @@ use super::strided::{broadcast_tensor, zip_broadcast};
 use super::Ctx;
 use crate::dtype::{self, BinaryClass, UnaryClass};
 use crate::error::RtError;
+use crate::math::{MathFloat, MathFn};
 use crate::shape;
 use crate::tensor::{Buffer, DType, Element, Tensor};
 use crate::value::Value;
@@ -61,9 +62,17 @@ pub fn unary(op: &str, args: &[Value]) -> Result<Value, RtError> {
     let x = x.cast(dt);
     let not_here = || RtError::internal(format!("{op} on {dt}"));
     let buf = match dtype::unary_class(op) {
-        Some(UnaryClass::Float) => {
-            dispatch_float!(dt, T => map_vec(typed::<T>(&x)?, float_fn::<T>(op)?), else return Err(not_here()))
-        }
+        Some(UnaryClass::Float) => match MathFn::from_name(op) {
+            Some(f) => {
+                dispatch_float!(dt, T => {
+                    let f = <T as MathFloat>::math(f);
+                    map_vec(typed::<T>(&x)?, |v| f(v))
+                }, else return Err(not_here()))
+            }
+            None => {
+                dispatch_float!(dt, T => map_vec(typed::<T>(&x)?, float_fn::<T>(op)?), else return Err(not_here()))
+            }
+        },
         Some(UnaryClass::Numeric) => {
             dispatch_numeric!(dt, T => numeric::<T>(op, typed::<T>(&x)?)?, else return Err(not_here()))
         }
@@ -334,6 +343,27 @@ unary_kernels!(
     lgamma, digamma, trigamma, erf, not
 );
 binary_kernels!(add, sub, mul, div, pow, rem, maximum, minimum, eq, ne, lt, le, gt, ge, and, or);
+
+/// The kernels of the math table's functions ([`crate::math`]).
+macro_rules! math_kernels {
+    ($( $(#[$doc:meta])* $variant:ident = $name:literal, |$x:ident| $value:expr,
+        cuda $cuda:literal, cost $cost:literal, on $domain:ident, d $rule:literal; )*) => {
+        #[allow(non_snake_case)]
+        mod math_kernels {
+            use super::*;
+            $(
+                pub fn $variant(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+                    unary($name, args)
+                }
+            )*
+        }
+
+        /// The kernel of every function of the math table, by name.
+        pub const MATH_KERNELS: &[(&str, super::Kernel)] = &[$(($name, math_kernels::$variant)),*];
+    };
+}
+
+crate::for_each_math_fn!(math_kernels);
 
 #[cfg(test)]
 mod tests {

@@ -260,7 +260,11 @@ pub const KERNELS: &[(&str, Kernel)] = &[
 
 /// The kernel of the primitive `name`.
 pub fn lookup(name: &str) -> Option<Kernel> {
-    KERNELS.iter().find(|(n, _)| *n == name).map(|(_, k)| *k)
+    KERNELS
+        .iter()
+        .chain(map::MATH_KERNELS)
+        .find(|(n, _)| *n == name)
+        .map(|(_, k)| *k)
 }
 
 /// Helpers for the kernels' unit tests.
@@ -351,13 +355,18 @@ mod tests {
 
     #[test]
     fn table_has_unique_names_and_lookup_works() {
-        let mut names: Vec<&str> = KERNELS.iter().map(|(n, _)| *n).collect();
+        let mut names: Vec<&str> = KERNELS
+            .iter()
+            .chain(map::MATH_KERNELS)
+            .map(|(n, _)| *n)
+            .collect();
         let n = names.len();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), n, "duplicate kernel names");
         assert!(lookup("add").is_some());
         assert!(lookup("where").is_some());
+        assert!(lookup("atanh").is_some());
         assert!(lookup("frobnicate").is_none());
     }
 }

@@ -45,7 +45,7 @@ pub trait Num: Element {
 }
 
 /// Functions of float dtypes only.
-pub trait Float: Num {
+pub trait Float: Num + crate::math::MathFloat {
     /// `e^x`.
     fn exp(self) -> Self;
     /// Natural logarithm.

@@ -46,7 +46,7 @@ pub(crate) fn routine(op: UnaryOp, dtype: KDType) -> Option<(&'static str, Routi
 /// Every routine this host has, for registering their symbols.
 pub(crate) fn all() -> Vec<(&'static str, Routine)> {
     let mut v = Vec::new();
-    for &op in UnaryOp::ALL {
+    for &op in UnaryOp::all() {
         for dtype in [KDType::F32, KDType::F64] {
             if let Some(r) = routine(op, dtype) {
                 v.push(r);

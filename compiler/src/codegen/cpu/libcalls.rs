@@ -74,6 +74,8 @@ pub(crate) fn unary_libcall(op: UnaryOp, dtype: KDType) -> Option<Libcall> {
         (UnaryOp::Cos, false) => ("adjoint_cos_f64", cos_f64 as *const u8),
         (UnaryOp::Erf, true) => ("adjoint_erf_f32", erf_f32 as *const u8),
         (UnaryOp::Erf, false) => ("adjoint_erf_f64", erf_f64 as *const u8),
+        (UnaryOp::Math(f), true) => (f.row().symbol_f32, f.row().f32 as *const u8),
+        (UnaryOp::Math(f), false) => (f.row().symbol_f64, f.row().f64 as *const u8),
         _ => return None,
     };
     Some(Libcall {

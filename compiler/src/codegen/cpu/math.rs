@@ -24,6 +24,7 @@ use cranelift_codegen::ir::{types, BlockArg, FuncRef, InstBuilder, MemFlagsData,
 use cranelift_frontend::FunctionBuilder;
 
 use crate::codegen::kernel::{BinaryOp, KDType, ReduceOp, UnaryOp};
+use adjoint_runtime::math::MathFn;
 
 /// A float type and its companion integer type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,8 +77,10 @@ impl Ty {
 
 /// The imported functions of one compiled function, for operations
 /// without an inline implementation.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Calls {
+    /// The math table's functions the body calls.
+    pub math: Vec<(MathFn, FuncRef)>,
     pub sin: Option<FuncRef>,
     pub cos: Option<FuncRef>,
     pub erf: Option<FuncRef>,
@@ -383,6 +386,15 @@ impl<'a, 'f> E<'a, 'f> {
             UnaryOp::Sin => self.call_lanes(self.calls.sin, &[x]),
             UnaryOp::Cos => self.call_lanes(self.calls.cos, &[x]),
             UnaryOp::Erf => self.call_lanes(self.calls.erf, &[x]),
+            UnaryOp::Math(f) => {
+                let r = self
+                    .calls
+                    .math
+                    .iter()
+                    .find(|(g, _)| *g == f)
+                    .map(|(_, r)| *r);
+                self.call_lanes(r, &[x])
+            }
         }
     }
 

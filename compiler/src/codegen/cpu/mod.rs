@@ -322,7 +322,7 @@ pub fn compile_with(
     let isa = isa()?;
     let fma = options.fma.unwrap_or(true) && isa.has_native_fma();
     let mut builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
-    for lc in UnaryOp::ALL
+    for lc in UnaryOp::all()
         .iter()
         .filter_map(|&op| libcalls::unary_libcall(op, spec.dtype))
         .chain(

@@ -322,6 +322,8 @@ fn unary_call(op: SUnary, t: SType) -> Option<(&'static str, *const u8)> {
         (SUnary::Erf, _) => pick!(erf_f32, erf_f64),
         (SUnary::Digamma, _) => pick!(digamma_f32, digamma_f64),
         (SUnary::Trigamma, _) => pick!(trigamma_f32, trigamma_f64),
+        (SUnary::Math(f), SType::F32) => (f.row().symbol_f32, f.row().f32 as *const u8),
+        (SUnary::Math(f), _) => (f.row().symbol_f64, f.row().f64 as *const u8),
         (SUnary::Sign, _) => pick!(sign_f32, sign_f64),
         (SUnary::Relu, _) => pick!(relu_f32, relu_f64),
         (

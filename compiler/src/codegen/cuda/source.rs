@@ -128,6 +128,7 @@ fn unary(op: UnaryOp, d: KDType, x: &str) -> String {
         UnaryOp::Floor => f("floor"),
         UnaryOp::Ceil => f("ceil"),
         UnaryOp::Erf => f("erf"),
+        UnaryOp::Math(m) => f(m.row().cuda),
     }
 }
 
