@@ -628,12 +628,33 @@ impl Session {
         let p = self.program()?;
         let roots = self.roots(function)?;
         let (m, s) = with_stack(|| p.optimized(&roots));
+        Ok(Self::describe_opt(&m, &roots, &s))
+    }
+
+    /// The IR graph mode compiles for calls of entry function `name` with
+    /// arguments of the given types (written as for
+    /// [`Session::emit_types`]): the optimiser typed from that entry, then
+    /// the rewrites, with the header comment of [`Session::emit_opt`].
+    pub fn emit_opt_for(&self, name: &str, arg_types: &str) -> Result<String, SessionError> {
+        let p = self.program()?;
+        let roots = self.roots(Some(name))?;
+        let args = parse_arg_types(arg_types)?;
+        with_stack(|| p.infer(name, &args)).map_err(|d| self.error(d))?;
+        let (m, s) = with_stack(|| p.optimized_for(&roots, Some(&args)));
+        Ok(Self::describe_opt(&m, &roots, &s))
+    }
+
+    fn describe_opt(
+        m: &adjoint_compiler::ir::Module,
+        roots: &[adjoint_compiler::ir::GraphId],
+        s: &adjoint_compiler::opt::Stats,
+    ) -> String {
         let egg = s
             .rewrite
             .as_ref()
             .map(|r| format!("; egg rewrites replaced {} nodes", r.replaced()))
             .unwrap_or_default();
-        Ok(format!(
+        format!(
             "// optimised: {} -> {} nodes, {} -> {} graphs ({} inlined, {} simplified, {} merged, {} rounds){egg}\n{}",
             s.nodes_before,
             s.nodes_after,
@@ -643,8 +664,24 @@ impl Session {
             s.simplified,
             s.cse,
             s.rounds,
-            print_module(&m, &roots, None)
-        ))
+            print_module(m, roots, None)
+        )
+    }
+
+    /// The IR of entry function `name` (as [`Session::emit_ir`] prints it)
+    /// with the types inference finds on every parameter and application
+    /// when it is called with arguments of the given types, written as
+    /// types print (`f32[3, 4], (f64[], i64[])`; an int literal is an int
+    /// argument of that value; see [`adjoint_compiler::infer::parse_types`]).
+    /// Nodes inference never reaches (untaken branches, dead code) have no
+    /// type.
+    pub fn emit_types(&self, name: &str, arg_types: &str) -> Result<String, SessionError> {
+        let p = self.program()?;
+        let roots = self.roots(Some(name))?;
+        let args = parse_arg_types(arg_types)?;
+        let types = with_stack(|| p.infer(name, &args)).map_err(|d| self.error(d))?;
+        let ty = |n| types.type_of(n);
+        Ok(print_module(&p.lowered.module, &roots, Some(&ty)))
     }
 
     /// The kernels graph mode compiles for entry function `name` (which
@@ -742,6 +779,13 @@ impl Session {
         }
         Ok(adjoint_lang::dump(&module, &sources))
     }
+}
+
+/// Argument types written as types print (see
+/// [`adjoint_compiler::infer::parse_types`]).
+fn parse_arg_types(text: &str) -> Result<Vec<adjoint_compiler::infer::AbsVal>, SessionError> {
+    adjoint_compiler::infer::parse_types(text)
+        .map_err(|e| SessionError::message(format!("cannot read the argument types: {e}")))
 }
 
 // Functions may be shared between threads.

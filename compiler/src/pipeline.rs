@@ -317,6 +317,19 @@ impl Program {
         })
     }
 
+    /// What inference finds for entry function `name` called with
+    /// arguments of the given abstract types (type-checked as by
+    /// [`Program::result_type`]): the types of the nodes of the lowered
+    /// module, for `adjoint emit`-style printing and filetests.
+    pub fn infer(
+        &self,
+        name: &str,
+        args: &[crate::infer::AbsVal],
+    ) -> Result<crate::infer::Types, Vec<Diagnostic>> {
+        let g = self.entry(name)?;
+        self.infer_entry_with(g, args)
+    }
+
     fn arity_error(&self, entry: GraphId, given: usize) -> Diagnostic {
         let name = self
             .lowered

@@ -633,6 +633,152 @@ impl fmt::Display for AbsVal {
     }
 }
 
+/// Reads a list of types written as [`AbsVal`]'s `Display` writes them,
+/// separated by commas: `f32[3, 4], (f64[], i64[]), {w: f32[2]}`. A
+/// tensor type is a dtype and a shape (not weakly typed, value unknown);
+/// an integer literal (`3`) is an `i64` scalar of that value, as an entry
+/// function's int arguments are (the language specialises on them). For
+/// entry arguments in tests and tools; an empty text is an empty list.
+pub fn parse_types(text: &str) -> Result<Vec<AbsVal>, String> {
+    let mut p = TypeParser {
+        s: text.as_bytes(),
+        i: 0,
+    };
+    let mut out = Vec::new();
+    p.ws();
+    if p.i == p.s.len() {
+        return Ok(out);
+    }
+    loop {
+        out.push(p.ty()?);
+        p.ws();
+        if p.i == p.s.len() {
+            return Ok(out);
+        }
+        p.expect(b',')?;
+    }
+}
+
+struct TypeParser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl TypeParser<'_> {
+    fn ws(&mut self) {
+        while self.s.get(self.i).is_some_and(|c| c.is_ascii_whitespace()) {
+            self.i += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.s.get(self.i).copied()
+    }
+
+    fn expect(&mut self, c: u8) -> Result<(), String> {
+        if self.peek() == Some(c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            Err(self.error(&format!("`{}`", c as char)))
+        }
+    }
+
+    fn error(&self, what: &str) -> String {
+        let rest = String::from_utf8_lossy(&self.s[self.i.min(self.s.len())..]);
+        if rest.is_empty() {
+            format!("expected {what} at the end of the type")
+        } else {
+            format!("expected {what} at `{rest}`")
+        }
+    }
+
+    fn word(&mut self) -> &str {
+        self.ws();
+        let start = self.i;
+        while self
+            .s
+            .get(self.i)
+            .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
+        {
+            self.i += 1;
+        }
+        std::str::from_utf8(&self.s[start..self.i]).expect("ASCII")
+    }
+
+    /// A list of items up to `close`, after the opening bracket; whether
+    /// the last item was followed by a comma.
+    fn items<T>(
+        &mut self,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Result<T, String>,
+    ) -> Result<(Vec<T>, bool), String> {
+        let mut out = Vec::new();
+        let mut trailing = false;
+        while self.peek() != Some(close) {
+            out.push(item(self)?);
+            trailing = false;
+            if self.peek() == Some(b',') {
+                self.i += 1;
+                trailing = true;
+            } else if self.peek() != Some(close) {
+                return Err(self.error(&format!("`,` or `{}`", close as char)));
+            }
+        }
+        self.i += 1;
+        Ok((out, trailing))
+    }
+
+    fn ty(&mut self) -> Result<AbsVal, String> {
+        match self.peek() {
+            Some(b'(') => {
+                self.i += 1;
+                let (items, trailing) = self.items(b')', |p| p.ty())?;
+                if items.len() == 1 && !trailing {
+                    return Err("a tuple of one type is written `(t,)`".into());
+                }
+                Ok(AbsVal::Tuple(items))
+            }
+            Some(b'{') => {
+                self.i += 1;
+                let (fields, _) = self.items(b'}', |p| {
+                    let name = p.word().to_string();
+                    if name.is_empty() {
+                        return Err(p.error("a field name"));
+                    }
+                    p.expect(b':')?;
+                    Ok((Arc::from(name), p.ty()?))
+                })?;
+                Ok(AbsVal::Record(fields))
+            }
+            Some(c) if c.is_ascii_digit() || c == b'-' => {
+                let w = self.word().to_string();
+                w.parse::<i64>()
+                    .map(|v| AbsVal::int(v, false))
+                    .map_err(|_| format!("`{w}` is not an integer"))
+            }
+            _ => {
+                let w = self.word().to_string();
+                let dtype = DType::from_name(&w).ok_or_else(|| {
+                    if w.is_empty() {
+                        self.error("a type")
+                    } else {
+                        format!("unknown dtype `{w}`")
+                    }
+                })?;
+                self.expect(b'[')?;
+                let (dims, _) = self.items(b']', |p| {
+                    let d = p.word().to_string();
+                    d.parse::<usize>()
+                        .map_err(|_| format!("`{d}` is not a dimension"))
+                })?;
+                Ok(AbsVal::tensor(dtype, &dims))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -640,6 +786,39 @@ mod tests {
 
     fn t(d: DType, shape: &[usize], weak: bool) -> AbsVal {
         AbsVal::Tensor(AbsTensor::new(d, shape.to_vec(), weak))
+    }
+
+    #[test]
+    fn parses_types_as_displayed() {
+        for text in [
+            "f32[3, 4]",
+            "f64[]",
+            "(f32[], i64[])",
+            "(f32[],)",
+            "()",
+            "{w: f32[4, 3], b: f32[3]}",
+            "(bool[2], {x: (u8[1], i32[]), y: f64[0]})",
+        ] {
+            let v = parse_types(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(v.len(), 1, "{text}");
+            assert_eq!(v[0].to_string(), text);
+        }
+        assert_eq!(
+            parse_types(" f32[2] , 3 ").unwrap(),
+            vec![AbsVal::tensor(F32, &[2]), AbsVal::int(3, false)]
+        );
+        assert_eq!(parse_types("  ").unwrap(), vec![]);
+        for bad in [
+            "f16[2]",
+            "f32",
+            "f32[2",
+            "(f32[])",
+            "f32[2] f32[3]",
+            "{: f32[]}",
+            "f32[x]",
+        ] {
+            assert!(parse_types(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

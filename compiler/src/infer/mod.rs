@@ -28,7 +28,7 @@ pub mod rules;
 
 use crate::ir::Loc;
 
-pub use domain::{join, AbsTensor, AbsVal, Closure};
+pub use domain::{join, parse_types, AbsTensor, AbsVal, Closure};
 pub use eval::{infer_module, infer_module_with, InferOptions, LoadTypeFn, Spec, SpecId, Types};
 
 /// A type error: where, what, and related places (for instance the two

@@ -705,5 +705,5 @@ impl Key {
     }
 }
 
-#[cfg(test)]
-mod tests;
+// The optimiser's tests are IR filetests: tests/ir/opt/*.ir (IR in,
+// optimised IR out; `cargo test --test ir_filetests`).
