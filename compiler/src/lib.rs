@@ -13,5 +13,6 @@ pub mod pipeline;
 pub mod plan;
 pub mod prim;
 pub mod rewrite;
+pub mod span;
 pub mod stack;
 pub use options::CompilerOptions;
