@@ -307,7 +307,7 @@ fn type_check(
         &program.lowered.checks,
         m,
         &types,
-        &program.lowered.ad_provenance,
+        &program.lowered.ad_provenance.origin,
     );
     if failed.is_empty() {
         Ok(())

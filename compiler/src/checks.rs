@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use crate::infer::domain::AbsVal;
 use crate::infer::Types;
 use crate::ir::{Const, Module, NodeId};
-use crate::lower::span_of;
+use crate::span::span_of;
 
 /// Something lowering asks to be checked once types are known.
 #[derive(Clone, Debug)]
@@ -50,14 +50,15 @@ pub enum Check {
 }
 
 /// Runs every check; returns the diagnostics of those that fail.
-/// `prov` says which nodes the transforms made from which: a node that
-/// only runs transformed (a `grad` request inside code that `jvp`
-/// differentiates) is checked on the types of its copies.
+/// `origin` says which nodes the transforms made from which (each copy →
+/// the node it copies: `ad::Provenance::origin`): a node that only runs
+/// transformed (a `grad` request inside code that `jvp` differentiates) is
+/// checked on the types of its copies.
 pub fn run(
     checks: &[Check],
     m: &Module,
     types: &Types,
-    prov: &crate::ad::Provenance,
+    origin: &HashMap<NodeId, NodeId>,
 ) -> Vec<Diagnostic> {
     // The copies of each node, built when a check first needs them.
     let mut copies: Option<HashMap<NodeId, Vec<NodeId>>> = None;
@@ -139,7 +140,7 @@ pub fn run(
             }
             Check::ScalarOutput { node, what, loc } => {
                 let Some(v) = value(m, types, *node).or_else(|| {
-                    let copies = copies.get_or_insert_with(|| copies_of(prov));
+                    let copies = copies.get_or_insert_with(|| copies_of(origin));
                     copy_value(types, copies, *node)
                 }) else {
                     continue;
@@ -209,9 +210,9 @@ fn value(m: &Module, types: &Types, n: NodeId) -> Option<AbsVal> {
 
 /// For each node, the nodes the transforms made as copies of it (sorted,
 /// so that the first one evaluated is the same on every run).
-fn copies_of(prov: &crate::ad::Provenance) -> HashMap<NodeId, Vec<NodeId>> {
+fn copies_of(origin: &HashMap<NodeId, NodeId>) -> HashMap<NodeId, Vec<NodeId>> {
     let mut copies: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
-    for (&copy, &orig) in &prov.origin {
+    for (&copy, &orig) in origin {
         copies.entry(orig).or_default().push(copy);
     }
     for v in copies.values_mut() {

@@ -42,7 +42,14 @@ pub struct Executable {
     pub locs: Vec<Loc>,
     /// Differentiation of function values at run time, when the program
     /// needs it (the same hook as `program.dynamic`).
-    pub dynamic: Option<Arc<crate::ad::dynamic::DynAd>>,
+    pub dynamic: Option<Arc<dyn RuntimeLocs>>,
+}
+
+/// The source locations of code compiled while the program runs (by
+/// `ad::dynamic::DynAd`, which this module does not know).
+pub trait RuntimeLocs: Send + Sync {
+    /// The source location of location index `i`.
+    fn loc(&self, i: LocIndex) -> Loc;
 }
 
 impl Executable {

@@ -14,5 +14,6 @@ pub mod plan;
 pub mod prim;
 pub mod rewrite;
 pub mod rule;
+pub mod span;
 pub mod stack;
 pub use options::CompilerOptions;

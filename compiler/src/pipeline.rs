@@ -287,8 +287,12 @@ impl Program {
         };
         let types = infer_module_with(m, entry, &args, &opts)
             .map_err(|e| vec![infer_diagnostic(&e, self.root)])?;
-        let failed =
-            crate::checks::run(&self.lowered.checks, m, &types, &self.lowered.ad_provenance);
+        let failed = crate::checks::run(
+            &self.lowered.checks,
+            m,
+            &types,
+            &self.lowered.ad_provenance.origin,
+        );
         if failed.is_empty() {
             Ok(types)
         } else {

@@ -1,5 +1,7 @@
-//! Dtype rules: promotion with weakly typed literals, and the result dtype
-//! of every element-wise and reducing primitive.
+//! Dtypes: [`DType`] (re-exported as `tensor::DType`), the `dispatch_*`
+//! macros that bind a type to a dtype, and the dtype rules: promotion with
+//! weakly typed literals, and the result dtype of every element-wise and
+//! reducing primitive.
 //!
 //! These are pure functions over `(dtype, weak)` pairs so that the kernels
 //! and the compiler's static type inference share one definition. Errors are
@@ -8,7 +10,156 @@
 //! Weak values are literals (or values computed only from literals): a weak
 //! int is stored as `i64`, a weak float as `f64`. Bool is never weak.
 
-use crate::tensor::DType;
+use std::fmt;
+use std::str::FromStr;
+
+/// The element type of a tensor.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float.
+    F64,
+    /// 32-bit signed int.
+    I32,
+    /// 64-bit signed int.
+    I64,
+    /// Bool (never weakly typed).
+    Bool,
+    /// 8-bit unsigned int.
+    U8,
+}
+
+impl DType {
+    /// Every dtype, in declaration order.
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+        DType::U8,
+    ];
+
+    /// The name used in source code and messages (`f32`, `bool`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::Bool => "bool",
+            DType::U8 => "u8",
+        }
+    }
+
+    /// The dtype with the given source name, if any.
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// `f32` or `f64`.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64)
+    }
+
+    /// `i32`, `i64` or `u8`.
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I32 | DType::I64 | DType::U8)
+    }
+
+    /// Any dtype but `bool`.
+    pub fn is_numeric(self) -> bool {
+        self != DType::Bool
+    }
+
+    /// Size of one element in bytes.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::Bool | DType::U8 => 1,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DType, String> {
+        DType::from_name(s).ok_or_else(|| format!("unknown dtype `{s}`"))
+    }
+}
+
+/// The storage of a tensor: one shared vector per dtype.
+/// Runs `$body` with the type alias `$T` bound to the element type of a
+/// numeric dtype; `$other` is evaluated for bool.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_numeric {
+    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {
+        match $dt {
+            $crate::dtype::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::dtype::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::dtype::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::dtype::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::dtype::DType::Bool => $other,
+        }
+    };
+}
+
+/// Runs `$body` with the type alias `$T` bound to the element type of a
+/// float dtype; `$other` is evaluated for the others.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_float {
+    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {
+        match $dt {
+            $crate::dtype::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            _ => $other,
+        }
+    };
+}
+
+/// Runs `$body` with the type alias `$T` bound to the element type of any dtype.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_all {
+    ($dt:expr, $T:ident => $body:expr) => {
+        $crate::dispatch_numeric!($dt, $T => $body, else {
+            type $T = bool;
+            $body
+        })
+    };
+}
 
 /// A dtype together with its weak flag.
 pub type WeakDType = (DType, bool);

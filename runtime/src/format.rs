@@ -7,11 +7,11 @@
 //!   `0 < |x| < 1e-4` (`1e16`, `-1.25e-7`); `nan`, `inf`, `-inf`;
 //! - tensors as NumPy-style nested brackets (`[[1.0, 2.5], [3.0, 4.0]]`),
 //!   a 0-d tensor as its bare element, a tensor with no element as `[]`.
+//!
+//! This module writes numbers; `Display` of `Tensor` (`tensor.rs`) and of
+//! `Value` (`value.rs`) write with it.
 
 use std::fmt;
-
-use crate::tensor::{Element, Tensor};
-use crate::with_buffer;
 
 /// A float type the printer knows how to write in shortest form.
 pub trait PrintFloat: Copy + fmt::Display + fmt::LowerExp {
@@ -68,43 +68,10 @@ pub fn format_float<F: PrintFloat>(v: F) -> String {
     }
 }
 
-fn write_nested<T: Element>(
-    f: &mut fmt::Formatter<'_>,
-    data: &[T],
-    shape: &[usize],
-) -> fmt::Result {
-    match shape.split_first() {
-        None => match data.first() {
-            Some(x) => x.write_elem(f),
-            None => Ok(()),
-        },
-        Some((&n, rest)) => {
-            let chunk: usize = rest.iter().product();
-            f.write_str("[")?;
-            for i in 0..n {
-                if i > 0 {
-                    f.write_str(", ")?;
-                }
-                write_nested(f, &data[i * chunk..(i + 1) * chunk], rest)?;
-            }
-            f.write_str("]")
-        }
-    }
-}
-
-/// Writes the tensor in the print format (see the module documentation).
-impl fmt::Display for Tensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_empty() {
-            return f.write_str("[]");
-        }
-        with_buffer!(self.buffer(), v => write_nested(f, v, self.shape()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::Tensor;
     use crate::value::Value;
 
     fn show(t: Tensor) -> String {

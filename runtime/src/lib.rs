@@ -68,8 +68,9 @@ pub mod threads;
 pub mod value;
 pub mod vm;
 
+pub use dtype::DType;
 pub use error::RtError;
 pub use kernels::{lookup, Ctx, Kernel, KERNELS};
 pub use shape::TensorTy;
-pub use tensor::{Buffer, DType, Element, Tensor};
+pub use tensor::{Buffer, Element, Tensor};
 pub use value::{Record, Value};

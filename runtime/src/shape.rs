@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::tensor::DType;
+use crate::dtype::DType;
 
 /// The static type of a tensor operand: what messages call `f32[3, 4]`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

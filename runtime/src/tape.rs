@@ -18,83 +18,25 @@
 //! run twice. Pushing onto a tape that is not the whole buffer (a shorter
 //! tape over a buffer that has grown since) copies the records it has
 //! first, so no value ever sees another's pushes.
+//!
+//! [`Tape`] itself is defined in `value.rs` (a value holds a tape, and a
+//! tape holds values); this module re-exports it with the kernel
+//! [`tape_new`].
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use crate::value::{Closure, CodeId, Value};
-
-/// Where a push site remembers how long its last tape grew (records,
-/// values), so that the next tape it starts is allocated at that size.
-#[derive(Debug, Default)]
-pub struct TapeHint {
-    records: AtomicUsize,
-    values: AtomicUsize,
-}
-
-impl TapeHint {
-    /// The capacities to allocate (records, values).
-    pub fn get(&self) -> (usize, usize) {
-        (self.records.load(Relaxed), self.values.load(Relaxed))
-    }
-}
-
-#[derive(Debug)]
-struct Buf {
-    /// Per record: its code, and where its values start in `values`.
-    records: Vec<(CodeId, u32)>,
-    values: Vec<Value>,
-    hint: Option<Arc<TapeHint>>,
-}
-
-impl Buf {
-    /// Where the values of the records after the first `len` start.
-    fn values_end(&self, len: usize) -> usize {
-        self.records
-            .get(len)
-            .map_or(self.values.len(), |r| r.1 as usize)
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        if let Some(h) = &self.hint {
-            h.records.store(self.records.len(), Relaxed);
-            h.values.store(self.values.len(), Relaxed);
-        }
-    }
-}
-
-/// A stack of backpropagators: the first `len` records of a shared buffer.
-#[derive(Clone, Debug)]
-pub struct Tape {
-    buf: Arc<Mutex<Buf>>,
-    len: usize,
-}
-
-/// The most values a tape holds (its positions are `u32`).
-const MAX_VALUES: usize = u32::MAX as usize;
+use crate::kernels::ctx::Ctx;
+use crate::value::Value;
+pub use crate::value::{tape_growths, Tape, TapeHint};
 
 /// The most records and values [`tape_new`] makes room for up front.
 const AHEAD_RECORDS: usize = 1 << 22;
 const AHEAD_VALUES: usize = 1 << 24;
-
-thread_local! {
-    static GROWTHS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// How many pushes on this thread so far found their tape full (and so
-/// moved it to a larger buffer).
-pub fn tape_growths() -> u64 {
-    GROWTHS.with(|g| g.get())
-}
 
 /// `tape_new(start, bound, records_per_trip, values_per_trip)`: an empty
 /// tape with room for a loop that counts from `start` up to `bound` (by
 /// one; numbers of any dtype, or no room when they are not numbers) and
 /// pushes at most that many records and values per trip, plus its exit's
 /// record (bounded by [`AHEAD_RECORDS`] and [`AHEAD_VALUES`]).
-pub fn tape_new(_: &mut dyn crate::kernels::Ctx, args: &[Value]) -> Result<Value, crate::RtError> {
+pub fn tape_new(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, crate::RtError> {
     use crate::kernels::args::{arity, int};
     let op = "tape_new";
     arity(op, args, 4)?;
@@ -123,145 +65,12 @@ pub fn tape_new(_: &mut dyn crate::kernels::Ctx, args: &[Value]) -> Result<Value
     ))
 }
 
-impl Tape {
-    fn lock(&self) -> MutexGuard<'_, Buf> {
-        // A panic while the lock was held leaves the buffer consistent
-        // (every change is one push): go on with it.
-        self.buf.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How many backpropagators are on the tape.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The length of the tuple the tape reads as: `(top, rest)`, or `()`
-    /// when empty.
-    pub fn list_len(&self) -> usize {
-        if self.is_empty() {
-            0
-        } else {
-            2
-        }
-    }
-
-    /// `stack` with the function `code` of `captures` pushed on top, where
-    /// `stack` is a tape or `()` (an empty stack: a new tape, sized by
-    /// `hint`). `None` for any other `stack` (a list of tuples made by
-    /// code that does not use tapes), and for a tape that would outgrow
-    /// `u32` positions: then `captures` has not been read, and the caller
-    /// pushes a tuple cell.
-    pub fn push(
-        stack: &Value,
-        code: CodeId,
-        captures: impl ExactSizeIterator<Item = Value>,
-        hint: &Arc<TapeHint>,
-    ) -> Option<Value> {
-        let n = captures.len();
-        match stack {
-            Value::Tape(t) => {
-                let mut buf = t.lock();
-                if buf.records.len() == t.len && buf.values.len() + n <= MAX_VALUES {
-                    if buf.records.len() == buf.records.capacity()
-                        || buf.values.len() + n > buf.values.capacity()
-                    {
-                        GROWTHS.with(|g| g.set(g.get() + 1));
-                    }
-                    let start = buf.values.len() as u32;
-                    buf.records.push((code, start));
-                    buf.values.extend(captures);
-                    drop(buf);
-                    return Some(Value::Tape(Tape {
-                        buf: t.buf.clone(),
-                        len: t.len + 1,
-                    }));
-                }
-                // Another push went on from this tape: copy what it has.
-                let end = buf.values_end(t.len);
-                if end + n > MAX_VALUES {
-                    return None;
-                }
-                let mut records = Vec::with_capacity(t.len + 1);
-                records.extend_from_slice(&buf.records[..t.len]);
-                let mut values = Vec::with_capacity(end + n);
-                values.extend_from_slice(&buf.values[..end]);
-                drop(buf);
-                records.push((code, end as u32));
-                values.extend(captures);
-                Some(Tape::from_parts(records, values, Some(hint.clone())))
-            }
-            Value::Tuple(t) if t.is_empty() => {
-                let (r, v) = hint.get();
-                let mut records = Vec::with_capacity(r.max(1));
-                let mut values = Vec::with_capacity(v.max(n));
-                records.push((code, 0));
-                values.extend(captures);
-                Some(Tape::from_parts(records, values, Some(hint.clone())))
-            }
-            _ => None,
-        }
-    }
-
-    fn from_parts(
-        records: Vec<(CodeId, u32)>,
-        values: Vec<Value>,
-        hint: Option<Arc<TapeHint>>,
-    ) -> Value {
-        let len = records.len();
-        Value::Tape(Tape {
-            buf: Arc::new(Mutex::new(Buf {
-                records,
-                values,
-                hint,
-            })),
-            len,
-        })
-    }
-
-    /// The tape without its top record (itself when empty).
-    pub fn rest(&self) -> Tape {
-        Tape {
-            buf: self.buf.clone(),
-            len: self.len.saturating_sub(1),
-        }
-    }
-
-    /// Runs `f` on the top record's code and values; `None` when empty.
-    pub fn with_top<R>(&self, f: impl FnOnce(CodeId, &[Value]) -> R) -> Option<R> {
-        if self.len == 0 {
-            return None;
-        }
-        let buf = self.lock();
-        let (code, start) = buf.records[self.len - 1];
-        let end = buf.values_end(self.len);
-        Some(f(code, &buf.values[start as usize..end]))
-    }
-
-    /// The top record as a function value (a closure of its code).
-    pub fn top(&self) -> Option<Value> {
-        self.with_top(|code, captures| {
-            Value::Func(Arc::new(Closure {
-                code,
-                captures: captures.to_vec(),
-            }))
-        })
-    }
-
-    /// Whether `self` and `other` are the same stack (the same records of
-    /// the same buffer).
-    pub fn same(&self, other: &Tape) -> bool {
-        Arc::ptr_eq(&self.buf, &other.buf) && self.len == other.len
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tensor::Tensor;
+    use crate::value::CodeId;
+    use std::sync::Arc;
 
     fn int(v: i64) -> Value {
         Value::Tensor(Tensor::scalar_i64(v))

@@ -5,96 +5,13 @@
 //! shape are reference counted and never mutated after construction.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::error::RtError;
 use crate::shape::TensorTy;
 
-/// The element type of a tensor.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DType {
-    /// 32-bit float.
-    F32,
-    /// 64-bit float.
-    F64,
-    /// 32-bit signed int.
-    I32,
-    /// 64-bit signed int.
-    I64,
-    /// Bool (never weakly typed).
-    Bool,
-    /// 8-bit unsigned int.
-    U8,
-}
+pub use crate::dtype::DType;
 
-impl DType {
-    /// Every dtype, in declaration order.
-    pub const ALL: [DType; 6] = [
-        DType::F32,
-        DType::F64,
-        DType::I32,
-        DType::I64,
-        DType::Bool,
-        DType::U8,
-    ];
-
-    /// The name used in source code and messages (`f32`, `bool`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-            DType::I32 => "i32",
-            DType::I64 => "i64",
-            DType::Bool => "bool",
-            DType::U8 => "u8",
-        }
-    }
-
-    /// The dtype with the given source name, if any.
-    pub fn from_name(name: &str) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.name() == name)
-    }
-
-    /// `f32` or `f64`.
-    pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64)
-    }
-
-    /// `i32`, `i64` or `u8`.
-    pub fn is_int(self) -> bool {
-        matches!(self, DType::I32 | DType::I64 | DType::U8)
-    }
-
-    /// Any dtype but `bool`.
-    pub fn is_numeric(self) -> bool {
-        self != DType::Bool
-    }
-
-    /// Size of one element in bytes.
-    pub fn size_bytes(self) -> usize {
-        match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
-            DType::Bool | DType::U8 => 1,
-        }
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for DType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<DType, String> {
-        DType::from_name(s).ok_or_else(|| format!("unknown dtype `{s}`"))
-    }
-}
-
-/// The storage of a tensor: one shared vector per dtype.
 #[derive(Clone, Debug)]
 pub enum Buffer {
     /// f32 elements.
@@ -674,6 +591,40 @@ impl PartialEq for Tensor {
 impl<T: Element> From<T> for Tensor {
     fn from(v: T) -> Tensor {
         Tensor::scalar(v)
+    }
+}
+
+fn write_nested<T: Element>(
+    f: &mut fmt::Formatter<'_>,
+    data: &[T],
+    shape: &[usize],
+) -> fmt::Result {
+    match shape.split_first() {
+        None => match data.first() {
+            Some(x) => x.write_elem(f),
+            None => Ok(()),
+        },
+        Some((&n, rest)) => {
+            let chunk: usize = rest.iter().product();
+            f.write_str("[")?;
+            for i in 0..n {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write_nested(f, &data[i * chunk..(i + 1) * chunk], rest)?;
+            }
+            f.write_str("]")
+        }
+    }
+}
+
+/// Writes the tensor in the print format (see [`crate::format`]).
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("[]");
+        }
+        with_buffer!(self.buffer(), v => write_nested(f, v, self.shape()))
     }
 }
 

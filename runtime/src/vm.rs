@@ -8,8 +8,8 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use crate::dynamic::{DynOp, DynamicHook};
 use crate::error::RtError;
+use crate::kernels::ctx::DynOp;
 use crate::kernels::{Ctx, Kernel};
 use crate::tape::{Tape, TapeHint};
 use crate::value::{Closure, CodeId, Value};
@@ -45,6 +45,25 @@ pub trait NativeKernel: Send + Sync {
     /// Runs the kernel. The arguments are owned: an argument no one else
     /// holds may give its buffer to the result.
     fn call(&self, args: Vec<Value>) -> Result<Value, RtError>;
+}
+
+/// The compiler's side of run-time differentiation.
+pub trait Dynamic: Send + Sync {
+    /// A code object made by [`Dynamic::transform`] (ids past the
+    /// program's own).
+    fn code(&self, id: CodeId) -> Option<Arc<Code>>;
+    /// Transforms function value `f`.
+    fn transform(&self, f: &Value, op: &DynOp) -> Result<Value, String>;
+}
+
+/// The hook as a program holds it.
+#[derive(Clone)]
+pub struct DynamicHook(pub Arc<dyn Dynamic>);
+
+impl std::fmt::Debug for DynamicHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DynamicHook")
+    }
 }
 
 /// Index into [`Program::locs`]: where in the source an instruction came

@@ -521,6 +521,12 @@ fn display(name: &str) -> String {
     name.to_string()
 }
 
+impl exec::RuntimeLocs for DynAd {
+    fn loc(&self, i: LocIndex) -> Loc {
+        DynAd::loc(self, i)
+    }
+}
+
 impl Dynamic for DynAd {
     fn code(&self, id: CodeId) -> Option<Arc<Code>> {
         let k = id.0.checked_sub(self.base)?;

@@ -35,9 +35,10 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::domain::{generalize_all, join, AbsTensor, AbsVal, Closure, MAX_VALUE_PARTS};
+use super::error::InferError;
 use super::provenance;
+pub use super::rules::LoadTypeFn;
 use super::rules::{self, Calls, RuleCtx, RuleError};
-use super::InferError;
 use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, FreeVars};
 use crate::ir::{Const, GraphId, Loc, Module, NodeId, NodeKind};
 use crate::prim::Prim;
@@ -59,12 +60,6 @@ const MAX_SPECS: usize = 200_000;
 const STACK_BYTES: usize = 256 << 20;
 /// Nesting limit when no thread could be started (the caller's stack).
 const MAX_DEPTH_INLINE: usize = 100;
-
-/// Gives the type of the data that `load_npy` or `load_safetensors` will
-/// read from a path known at compile time (for instance by reading the
-/// file's header): a precise value, [`AbsVal::Unknown`] when it cannot be
-/// known before the program runs, or an error message.
-pub type LoadTypeFn = dyn Fn(Prim, &str) -> Result<AbsVal, String> + Sync;
 
 /// Options of [`infer_module_with`].
 #[derive(Clone, Copy, Default)]

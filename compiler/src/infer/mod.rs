@@ -14,6 +14,7 @@
 //!   shape rules (one definition shared with the kernels).
 //! - [`eval`]: the interpreter: specialisation, `switch`, recursion to a
 //!   fixpoint, widening of constants that vary.
+//! - [`error`]: [`InferError`], what inference reports.
 //! - [`provenance`]: which IR expressions are fixed by the program text
 //!   (their errors are compile-time errors) rather than by specialisation.
 //!
@@ -22,35 +23,11 @@
 //! ```
 
 pub mod domain;
+pub mod error;
 pub mod eval;
 pub mod provenance;
 pub mod rules;
 
-use crate::ir::Loc;
-
 pub use domain::{join, parse_types, AbsTensor, AbsVal, Closure};
+pub use error::InferError;
 pub use eval::{infer_module, infer_module_with, InferOptions, LoadTypeFn, Spec, SpecId, Types};
-
-/// A type error: where, what, and related places (for instance the two
-/// branches of an `if` whose types differ).
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("{message}")]
-pub struct InferError {
-    /// The location of the IR node whose operation failed.
-    pub loc: Loc,
-    /// A lowercase message naming the operation and the types.
-    pub message: String,
-    /// Related locations, each with a note.
-    pub secondary: Vec<(Loc, String)>,
-}
-
-impl InferError {
-    /// An error at `loc` with no related locations.
-    pub fn new(loc: Loc, message: impl Into<String>) -> InferError {
-        InferError {
-            loc,
-            message: message.into(),
-            secondary: Vec::new(),
-        }
-    }
-}

@@ -15,12 +15,17 @@ use adjoint_runtime::shape::{self, IndexComp, IndexStep, TensorTy};
 use adjoint_runtime::tensor::DType;
 
 use super::domain::{join, wrap, AbsTensor, AbsVal, MAX_CONST_ELEMS};
-use super::eval::LoadTypeFn;
+use super::error::InferError;
 use super::provenance;
-use super::InferError;
 use crate::ir::analysis::window_len;
 use crate::ir::{Const, Loc, Module, NodeId};
 use crate::prim::{Category, Prim};
+
+/// Gives the type of the data that `load_npy` or `load_safetensors` will
+/// read from a path known at compile time (for instance by reading the
+/// file's header): a precise value, [`AbsVal::Unknown`] when it cannot be
+/// known before the program runs, or an error message.
+pub type LoadTypeFn = dyn Fn(Prim, &str) -> Result<AbsVal, String> + Sync;
 
 /// Why a rule failed: a message for the application's location, or an
 /// error raised inside a function the rule called (`tree_map`).

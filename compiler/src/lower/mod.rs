@@ -29,6 +29,7 @@ use crate::ad::{AdKind, AdRequest, Rules};
 use crate::checks::Check;
 use crate::ir::{Const, GraphId, Loc, Module, NodeId};
 use crate::prim::{self, Prim};
+pub use crate::span::{loc, span_of};
 use scan::CallTarget;
 
 /// The standard library modules, compiled into the binary.
@@ -57,24 +58,6 @@ pub fn stdlib_text(name: &str) -> Option<String> {
 /// system; nothing below it touches the file system itself).
 pub trait SourceLoader {
     fn load(&self, path: &Path) -> std::io::Result<String>;
-}
-
-/// Converts a source span to an IR location.
-pub fn loc(span: Span) -> Loc {
-    Loc {
-        file: span.file.0,
-        lo: span.lo,
-        hi: span.hi,
-    }
-}
-
-/// Converts an IR location back to a source span.
-pub fn span_of(l: Loc) -> Option<Span> {
-    if l.is_none() {
-        None
-    } else {
-        Some(Span::new(FileId(l.file), l.lo, l.hi))
-    }
 }
 
 /// The result of lowering a program.

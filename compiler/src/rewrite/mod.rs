@@ -158,7 +158,7 @@ pub fn rewrite(
     if !fwd.is_empty() {
         forward(m, &fwd);
         let live: Vec<GraphId> = roots.iter().chain(keep).copied().collect();
-        crate::opt::detach_dead(m, &live);
+        crate::opt::dead::detach_dead(m, &live);
     }
     stats.time = t0.elapsed();
     stats

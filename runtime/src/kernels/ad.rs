@@ -12,13 +12,13 @@
 use std::sync::Arc;
 
 use super::args::{arity, bool_or, int, min_arity, opt_int, opt_ints, rule, string, tensor, typed};
+use super::ctx::Ctx;
 use super::index::{component, index_view, take_plan};
 use super::map::binary;
 use super::num::Num;
 use super::reduce::{better, output_offsets};
 use super::shape::transpose_tensor;
 use super::strided::{broadcast_strides, broadcast_tensor, fold_into, offsets_from, remap};
-use super::Ctx;
 use crate::error::RtError;
 use crate::shape::{self, IndexComp, TensorTy};
 use crate::tensor::{DType, Element, Tensor};
@@ -668,7 +668,7 @@ pub fn ad_lift(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     }
     ctx.transform(
         &args[0],
-        &crate::dynamic::DynOp::Lift {
+        &crate::kernels::ctx::DynOp::Lift {
             mode: mode as u8,
             wrap,
         },
@@ -690,7 +690,7 @@ pub fn ad_dyn(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     }
     ctx.transform(
         &args[0],
-        &crate::dynamic::DynOp::Request {
+        &crate::kernels::ctx::DynOp::Request {
             kind,
             argnums,
             wrap,

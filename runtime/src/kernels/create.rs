@@ -6,8 +6,8 @@
 //! argument's type exactly.
 
 use super::args::{arity, dtype_or, int, rule, shape as shape_arg, tensor};
+use super::ctx::Ctx;
 use super::strided::broadcast_tensor;
-use super::Ctx;
 use crate::error::RtError;
 use crate::shape;
 use crate::tensor::{Buffer, DType, Tensor};

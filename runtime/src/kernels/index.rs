@@ -1,8 +1,8 @@
 //! Gathering kernels: `take(x, idx, axis)` and `index(x, c0, c1, ..)`.
 
 use super::args::{arity, min_arity, opt_int, rule, tensor, typed};
+use super::ctx::Ctx;
 use super::strided::{offsets_from, remap};
-use super::Ctx;
 use crate::dispatch_all;
 use crate::error::RtError;
 use crate::shape::{self, IndexComp, IndexStep};

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::args::{arity, int, io, min_arity, string, tensor};
+use super::ctx::Ctx;
 use super::shape::transpose_tensor;
-use super::Ctx;
 use crate::error::RtError;
 use crate::tensor::{DType, Element, Tensor};
 use crate::value::Value;

@@ -4,10 +4,10 @@
 use gemm::Parallelism;
 
 use super::args::{arity, rule, tensor, typed};
+use super::ctx::Ctx;
 use super::map::binary;
 use super::num::Num;
 use super::strided::{broadcast_strides, offsets};
-use super::Ctx;
 use crate::error::RtError;
 use crate::shape::{self, MatmulPlan};
 use crate::tensor::{DType, Element, Tensor};

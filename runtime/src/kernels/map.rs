@@ -2,9 +2,9 @@
 //! promotion rule, `where` and `cast`.
 
 use super::args::{arity, int, rule, tensor, typed};
+use super::ctx::Ctx;
 use super::num::{Float, Num, Polygamma, POLYGAMMA_MAX_ORDER};
 use super::strided::{broadcast_tensor, zip_broadcast};
-use super::Ctx;
 use crate::dtype::{self, BinaryClass, UnaryClass};
 use crate::error::RtError;
 use crate::math::{MathFloat, MathFn};
@@ -359,7 +359,7 @@ macro_rules! math_kernels {
         }
 
         /// The kernel of every function of the math table, by name.
-        pub const MATH_KERNELS: &[(&str, super::Kernel)] = &[$(($name, math_kernels::$variant)),*];
+        pub const MATH_KERNELS: &[(&str, super::ctx::Kernel)] = &[$(($name, math_kernels::$variant)),*];
     };
 }
 

@@ -26,14 +26,10 @@
 //! | differentiation | `stop_gradient(x)`, `mT(x)`, `zero()`, `is_zero(x)`, `gadd(x, y)`, `env_setitem(env, key, v)`, `env_getitem(env, key)`, `grad_finalize(d, x)`, `sum_to(x, like)`, `extremum_mask(x, axis, is_min)`, `transpose_grad(d, perm)`, `split_like(d, xs, axis)`, `unstack(d, axis)`, `take_grad(x, idx, axis, d)`, `index_grad(x, d, c0, ..)`, `tuple_grad(t, i, d)`, `record_grad(r, name, d)`, `tree_fill(t, d)` |
 //! | IO | `print(io, ..)`, `load_npy(io, path)`, `save_npy(io, path, x)`, `save_safetensors(io, path, record)`, `load_safetensors(io, path)`, `save_csv(io, path, x, header)`, `plot(io, y, title)`, `progress_start(io, lo, hi)`, `progress_step(io, i)`, `progress_end(io)`, `progress_note(io, ..)` |
 
-use std::io::Write;
-
-use crate::error::RtError;
-use crate::value::Value;
-
 pub mod ad;
 pub mod args;
 pub mod create;
+pub mod ctx;
 pub mod index;
 pub mod io;
 pub mod linalg;
@@ -46,87 +42,7 @@ pub mod strided;
 pub mod structural;
 pub mod tree;
 
-/// What a kernel may ask of the machine that runs it.
-pub trait Ctx {
-    /// Calls a function value (for `tree_map`).
-    fn call(&mut self, f: &Value, args: &[Value]) -> Result<Value, RtError>;
-    /// Where `print` writes.
-    fn stdout(&mut self) -> &mut dyn Write;
-    /// Differentiates a function value (`ad_lift`, `ad_dyn`): only a
-    /// program the compiler gave a [`crate::dynamic::Dynamic`] hook can.
-    fn transform(&mut self, _f: &Value, _op: &crate::dynamic::DynOp) -> Result<Value, RtError> {
-        Err(RtError::new(
-            "differentiation of function values needs the compiler at run time",
-        ))
-    }
-}
-
-/// The signature of every kernel.
-pub type Kernel = fn(&mut dyn Ctx, &[Value]) -> Result<Value, RtError>;
-
-/// Runs `$body` with the type alias `$T` bound to the element type of a
-/// numeric dtype; `$other` is evaluated for bool.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! dispatch_numeric {
-    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {
-        match $dt {
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::tensor::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::tensor::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::tensor::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            $crate::tensor::DType::Bool => $other,
-        }
-    };
-}
-
-/// Runs `$body` with the type alias `$T` bound to the element type of a
-/// float dtype; `$other` is evaluated for the others.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! dispatch_float {
-    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {
-        match $dt {
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            _ => $other,
-        }
-    };
-}
-
-/// Runs `$body` with the type alias `$T` bound to the element type of any dtype.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! dispatch_all {
-    ($dt:expr, $T:ident => $body:expr) => {
-        $crate::dispatch_numeric!($dt, $T => $body, else {
-            type $T = bool;
-            $body
-        })
-    };
-}
+pub use ctx::{Ctx, Kernel};
 
 /// Every kernel by primitive name.
 pub const KERNELS: &[(&str, Kernel)] = &[
@@ -271,7 +187,10 @@ pub fn lookup(name: &str) -> Option<Kernel> {
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
+    use crate::error::RtError;
     use crate::tensor::Tensor;
+    use crate::value::Value;
+    use std::io::Write;
 
     /// A context whose function values are kernels: code 0 is `add`, code 1
     /// is `neg`, code 2 is `mul`; `print` writes into `out`.

@@ -13,7 +13,7 @@
 //!   swapping with `bits(i) * (i + 1) >> 64`.
 
 use super::args::{arity, dtype_or, int, opt_int, shape as shape_arg};
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::error::RtError;
 use crate::tensor::{DType, Tensor};
 use crate::value::Value;

@@ -5,8 +5,8 @@
 //! Float sums, means and products accumulate in f64 and round once.
 
 use super::args::{arity, bool_or, opt_ints, rule, tensor, typed};
+use super::ctx::Ctx;
 use super::strided::{fold_into, offsets};
-use super::Ctx;
 use crate::error::RtError;
 use crate::tensor::{Element, Tensor};
 use crate::value::Value;

@@ -4,8 +4,8 @@
 //! Reshapes share the input's buffer; the others copy.
 
 use super::args::{arity, int, ints, opt_ints, rule, shape as shape_arg, tensor, tuple, typed};
+use super::ctx::Ctx;
 use super::strided::{broadcast_tensor, remap_strided};
-use super::Ctx;
 use crate::error::RtError;
 use crate::shape::{self, TensorTy};
 use crate::tensor::{Element, Tensor};

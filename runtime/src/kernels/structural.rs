@@ -1,7 +1,7 @@
 //! Structural kernels: tuples, records and tensor literals.
 
 use super::args::{arity, int, rule, string, tensor, typed};
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::error::RtError;
 use crate::tensor::{DType, Element, Tensor};
 use crate::value::Value;

@@ -5,9 +5,9 @@
 
 use super::ad::add_values;
 use super::args::{min_arity, rule};
+use super::ctx::Ctx;
 use super::map::binary;
 use super::reduce::reduction;
-use super::Ctx;
 use crate::error::RtError;
 use crate::tensor::Tensor;
 use crate::value::Value;
