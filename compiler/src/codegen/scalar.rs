@@ -317,11 +317,11 @@ pub enum SBinary {
     Add,
     Sub,
     Mul,
-    /// Float division only (integer division can fail).
+    /// Division; on ints, a zero divisor is a fault the program reports.
     Div,
-    /// Float powers only.
+    /// Powers; on ints, a negative exponent is a fault.
     Pow,
-    /// Float remainder only.
+    /// Remainder with the dividend's sign; on ints, as `Div`.
     Rem,
     Maximum,
     Minimum,

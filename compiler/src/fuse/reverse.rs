@@ -13,9 +13,10 @@
 //! and records a tape (an i64 tensor), the second runs it backwards from
 //! the seed and gives `unwind`'s result, `(env, d_args..)`.
 //!
-//! Only the cotangents of the loop's own arguments are computed: when
-//! something reads the environment (the cotangents of the loop's free
-//! variables), the closures stay. So do loops that are not all scalars.
+//! Besides the cotangents of the loop's arguments, the backward kernel
+//! computes those of the free variables reverse mode marked with
+//! `ad_key`, returned in `unwind`'s environment under their keys. Loops
+//! whose values are not all scalars keep their closures.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -14,7 +14,8 @@
 //! - inference saw all its calls (it is not *escaped*) and every parameter,
 //!   free variable and node of it has a static scalar type;
 //! - every node is an element-wise primitive with a native form (integer
-//!   division and powers, which can fail, are not), `cast`, `where`, a
+//!   division, remainder and powers too: their faults are reported as the
+//!   reference kernels report them), `cast`, `where`, a
 //!   `switch` on values, tuple building and projection, a call of a graph of the
 //!   region, or a `switch` between two graphs of the region that is then
 //!   called (an `if`, a loop's test);

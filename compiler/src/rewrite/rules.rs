@@ -9,8 +9,8 @@
 //!
 //! **Every rule preserves values** — for IEEE floats including NaN, the
 //! infinities and the sign of zero — except the two broadcast→reduce rules,
-//! which are exact in `f32` and within rounding in `f64` (see their
-//! notes). Rules that are only true of real numbers are not here: `x * 0 =
+//! which are exact in `f32` and within rounding in `f64`, and
+//! `sum-to-matmul`, which reassociates sums (see their notes). Rules that are only true of real numbers are not here: `x * 0 =
 //! 0` (NaN and ±inf), `x - x = 0` (NaN, ±inf), `x + 0 = x` (`-0 + 0` is
 //! `+0`), `-(a - b) = b - a` (`+0` vs `-0` when `a = b`), reassociation.
 
