@@ -96,31 +96,30 @@ impl Parser<'_> {
     }
 
     fn sum(&mut self) -> Result<RuleExpr, String> {
-        let mut a = self.product()?;
-        loop {
-            let op = if self.eat("+") {
-                '+'
-            } else if self.eat("-") {
-                '-'
-            } else {
-                return Ok(a);
-            };
-            let b = self.product()?;
-            a = RuleExpr::Arith(op, Box::new(a), Box::new(b));
-        }
+        self.left_assoc(&['+', '-'], Self::product)
     }
 
     fn product(&mut self) -> Result<RuleExpr, String> {
-        let mut a = self.unary()?;
+        self.left_assoc(&['*', '/'], Self::unary)
+    }
+
+    /// Operands of `next` joined by the operators `ops`, to the left.
+    fn left_assoc(
+        &mut self,
+        ops: &[char],
+        next: fn(&mut Self) -> Result<RuleExpr, String>,
+    ) -> Result<RuleExpr, String> {
+        let mut a = next(self)?;
         loop {
-            let op = if self.eat("*") {
-                '*'
-            } else if self.eat("/") {
-                '/'
-            } else {
+            self.ws();
+            let Some(&op) = ops
+                .iter()
+                .find(|&&op| self.s.get(self.i) == Some(&(op as u8)))
+            else {
                 return Ok(a);
             };
-            let b = self.unary()?;
+            self.i += 1;
+            let b = next(self)?;
             a = RuleExpr::Arith(op, Box::new(a), Box::new(b));
         }
     }
