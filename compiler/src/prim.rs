@@ -378,3 +378,29 @@ mod kernel_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod native_op_tests {
+    use super::*;
+    use crate::codegen::kernel::UnaryOp;
+    use crate::codegen::scalar::SUnary;
+
+    /// The native operations of element-wise primitives map to their
+    /// primitive and back, and every math function has both.
+    #[test]
+    fn unary_ops_and_primitives_correspond() {
+        for op in UnaryOp::all() {
+            assert_eq!(UnaryOp::of_prim(op.prim()), Some(*op));
+            assert_eq!(op.prim().name(), op.name());
+        }
+        for op in SUnary::all() {
+            assert_eq!(SUnary::of_prim(op.prim()), Some(*op));
+            assert_eq!(op.prim().name(), op.name());
+        }
+        for f in MathFn::ALL {
+            assert_eq!(UnaryOp::of_prim(Prim::Math(*f)), Some(UnaryOp::Math(*f)));
+            assert_eq!(SUnary::of_prim(Prim::Math(*f)), Some(SUnary::Math(*f)));
+        }
+        assert_eq!(UnaryOp::of_prim(Prim::Add), None);
+    }
+}

@@ -33,6 +33,8 @@ use std::hash::{Hash, Hasher};
 use adjoint_runtime::kernels::num::Float;
 use adjoint_runtime::math::MathFn;
 
+use crate::prim::Prim;
+
 /// The element type of a kernel: every input, intermediate and output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KDType {
@@ -202,6 +204,34 @@ impl UnaryOp {
     /// The operation of a primitive name, if it is one of these.
     pub fn from_name(name: &str) -> Option<Self> {
         UnaryOp::all().iter().copied().find(|op| op.name() == name)
+    }
+
+    /// The primitive the operation computes.
+    pub fn prim(self) -> Prim {
+        match self {
+            UnaryOp::Neg => Prim::Neg,
+            UnaryOp::Exp => Prim::Exp,
+            UnaryOp::Log => Prim::Log,
+            UnaryOp::Log1p => Prim::Log1p,
+            UnaryOp::Sin => Prim::Sin,
+            UnaryOp::Cos => Prim::Cos,
+            UnaryOp::Tanh => Prim::Tanh,
+            UnaryOp::Sigmoid => Prim::Sigmoid,
+            UnaryOp::Relu => Prim::Relu,
+            UnaryOp::Sqrt => Prim::Sqrt,
+            UnaryOp::Rsqrt => Prim::Rsqrt,
+            UnaryOp::Abs => Prim::Abs,
+            UnaryOp::Sign => Prim::Sign,
+            UnaryOp::Floor => Prim::Floor,
+            UnaryOp::Ceil => Prim::Ceil,
+            UnaryOp::Erf => Prim::Erf,
+            UnaryOp::Math(f) => Prim::Math(f),
+        }
+    }
+
+    /// The operation computing primitive `p`, if it is one of these.
+    pub fn of_prim(p: Prim) -> Option<UnaryOp> {
+        UnaryOp::all().iter().copied().find(|op| op.prim() == p)
     }
 }
 

@@ -229,6 +229,11 @@ impl SUnary {
         SUnary::all().iter().copied().find(|op| op.name() == name)
     }
 
+    /// The operation computing primitive `p`, if it is one of these.
+    pub fn of_prim(p: Prim) -> Option<SUnary> {
+        SUnary::all().iter().copied().find(|op| op.prim() == p)
+    }
+
     /// The primitive the operation computes (whose table row holds its
     /// derivative rule).
     pub fn prim(self) -> Prim {

@@ -336,7 +336,7 @@ fn op_of(p: Prim) -> Option<Op> {
     if p == Prim::Where {
         return Some(Op::Select);
     }
-    if let Some(u) = UnaryOp::from_name(p.name()) {
+    if let Some(u) = UnaryOp::of_prim(p) {
         return Some(Op::Unary(u));
     }
     BinaryOp::from_name(p.name()).map(Op::Binary)

@@ -508,7 +508,7 @@ impl Cx<'_> {
             }
             _ => {
                 let (r, _) = result.scalar()?;
-                if let Some(op) = SUnary::from_name(p.name()) {
+                if let Some(op) = SUnary::of_prim(p) {
                     let x = self.weak_dtype(*ins.first()?)?;
                     let (d, _) = dtype::unary_result(op.name(), x).ok()?;
                     (ins.len() == 1 && d == r.dtype()).then_some(())?;
@@ -1238,7 +1238,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                 }
                 _ => {
                     let (t, _) = shape.scalar()?;
-                    if let Some(op) = SUnary::from_name(p.name()) {
+                    if let Some(op) = SUnary::of_prim(p) {
                         let x = self.operand(ins[1], t)?;
                         self.push(SOp::Unary(op, x), vec![t])
                     } else {
