@@ -142,8 +142,6 @@ prims! {
     Exp = "exp", Map, X, false, true, d "d * out";
     Log = "log", Map, X, false, true, d "d / x";
     Log1p = "log1p", Map, X, false, true, d "d / (1.0 + x)";
-    Sin = "sin", Map, X, false, true, d "d * cos(x)";
-    Cos = "cos", Map, X, false, true, d "-(d * sin(x))";
     Tanh = "tanh", Map, X, false, true, d "d * (1.0 - out * out)";
     Sigmoid = "sigmoid", Map, X, false, true, d "d * out * (1.0 - out)";
     Relu = "relu", Map, X, false, true, d "where(x > 0.0, d, zeros_like(d))";

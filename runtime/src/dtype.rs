@@ -257,8 +257,8 @@ pub fn unary_class(op: &str) -> Option<UnaryClass> {
         return Some(UnaryClass::Float);
     }
     Some(match op {
-        "exp" | "log" | "log1p" | "sin" | "cos" | "tanh" | "sigmoid" | "sqrt" | "rsqrt"
-        | "lgamma" | "digamma" | "trigamma" | "erf" => UnaryClass::Float,
+        "exp" | "log" | "log1p" | "tanh" | "sigmoid" | "sqrt" | "rsqrt" | "lgamma" | "digamma"
+        | "trigamma" | "erf" => UnaryClass::Float,
         "neg" | "abs" | "sign" | "relu" | "floor" | "ceil" => UnaryClass::Numeric,
         "not" => UnaryClass::Logical,
         _ => return None,

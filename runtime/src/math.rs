@@ -61,6 +61,10 @@ pub enum Domain {
 macro_rules! for_each_math_fn {
     ($m:ident) => {
         $m! {
+            /// Sine.
+            Sin = "sin", |x| x.sin(), cuda "sin", cost 40, on Real, d "d * cos(x)";
+            /// Cosine.
+            Cos = "cos", |x| x.cos(), cuda "cos", cost 40, on Real, d "-(d * sin(x))";
             /// Tangent.
             Tan = "tan", |x| x.tan(), cuda "tan", cost 40, on Unit, d "d * (1.0 + out * out)";
             /// Inverse tangent.

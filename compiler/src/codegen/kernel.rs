@@ -120,10 +120,6 @@ pub enum UnaryOp {
     Log,
     /// `ln(1 + x)`.
     Log1p,
-    /// Sine.
-    Sin,
-    /// Cosine.
-    Cos,
     /// Hyperbolic tangent.
     Tanh,
     /// `1 / (1 + e^-x)`.
@@ -155,8 +151,6 @@ impl UnaryOp {
         UnaryOp::Exp,
         UnaryOp::Log,
         UnaryOp::Log1p,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
         UnaryOp::Tanh,
         UnaryOp::Sigmoid,
         UnaryOp::Relu,
@@ -185,8 +179,6 @@ impl UnaryOp {
             UnaryOp::Exp => "exp",
             UnaryOp::Log => "log",
             UnaryOp::Log1p => "log1p",
-            UnaryOp::Sin => "sin",
-            UnaryOp::Cos => "cos",
             UnaryOp::Tanh => "tanh",
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Relu => "relu",
@@ -213,8 +205,6 @@ impl UnaryOp {
             UnaryOp::Exp => Prim::Exp,
             UnaryOp::Log => Prim::Log,
             UnaryOp::Log1p => Prim::Log1p,
-            UnaryOp::Sin => Prim::Sin,
-            UnaryOp::Cos => Prim::Cos,
             UnaryOp::Tanh => Prim::Tanh,
             UnaryOp::Sigmoid => Prim::Sigmoid,
             UnaryOp::Relu => Prim::Relu,
@@ -837,8 +827,6 @@ pub fn eval_unary<T: Float>(op: UnaryOp, x: T) -> T {
         UnaryOp::Exp => x.exp(),
         UnaryOp::Log => x.ln(),
         UnaryOp::Log1p => x.ln_1p(),
-        UnaryOp::Sin => x.sin(),
-        UnaryOp::Cos => x.cos(),
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Sigmoid => x.sigmoid(),
         UnaryOp::Relu => x.relu(),

@@ -151,8 +151,6 @@ pub enum SUnary {
     Exp,
     Log,
     Log1p,
-    Sin,
-    Cos,
     Tanh,
     Sigmoid,
     Sqrt,
@@ -167,7 +165,7 @@ pub enum SUnary {
 }
 
 impl SUnary {
-    const BUILT_IN: [SUnary; 20] = [
+    const BUILT_IN: [SUnary; 18] = [
         SUnary::Neg,
         SUnary::Abs,
         SUnary::Sign,
@@ -177,8 +175,6 @@ impl SUnary {
         SUnary::Exp,
         SUnary::Log,
         SUnary::Log1p,
-        SUnary::Sin,
-        SUnary::Cos,
         SUnary::Tanh,
         SUnary::Sigmoid,
         SUnary::Sqrt,
@@ -201,8 +197,6 @@ impl SUnary {
             SUnary::Exp => "exp",
             SUnary::Log => "log",
             SUnary::Log1p => "log1p",
-            SUnary::Sin => "sin",
-            SUnary::Cos => "cos",
             SUnary::Tanh => "tanh",
             SUnary::Sigmoid => "sigmoid",
             SUnary::Sqrt => "sqrt",
@@ -247,8 +241,6 @@ impl SUnary {
             SUnary::Exp => Prim::Exp,
             SUnary::Log => Prim::Log,
             SUnary::Log1p => Prim::Log1p,
-            SUnary::Sin => Prim::Sin,
-            SUnary::Cos => Prim::Cos,
             SUnary::Tanh => Prim::Tanh,
             SUnary::Sigmoid => Prim::Sigmoid,
             SUnary::Sqrt => Prim::Sqrt,
@@ -293,8 +285,6 @@ impl SUnary {
             SUnary::Exp => float!(x, exp),
             SUnary::Log => float!(x, ln),
             SUnary::Log1p => float!(x, ln_1p),
-            SUnary::Sin => float!(x, sin),
-            SUnary::Cos => float!(x, cos),
             SUnary::Tanh => float!(x, tanh),
             SUnary::Sigmoid => float!(x, sigmoid),
             SUnary::Sqrt => float!(x, sqrt),
@@ -1037,7 +1027,7 @@ pub(crate) mod tests {
             params: vec![I64, F64, I64],
             results: vec![F64, I64],
             body: vec![
-                inst(SOp::Unary(SUnary::Sin, SVal(1)), F64),
+                inst(SOp::Unary(SUnary::Math(MathFn::Sin), SVal(1)), F64),
                 inst(SOp::Binary(SBinary::Mul, SVal(3), SVal(1)), F64),
                 inst(SOp::Const(Scalar::F64(0.5)), F64),
                 inst(SOp::Binary(SBinary::Add, SVal(4), SVal(5)), F64),

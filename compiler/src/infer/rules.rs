@@ -118,8 +118,6 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         Prim::Exp
         | Prim::Log
         | Prim::Log1p
-        | Prim::Sin
-        | Prim::Cos
         | Prim::Tanh
         | Prim::Sigmoid
         | Prim::Sqrt

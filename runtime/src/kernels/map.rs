@@ -18,8 +18,6 @@ fn float_fn<T: Float>(op: &str) -> Result<fn(T) -> T, RtError> {
         "exp" => T::exp,
         "log" => T::ln,
         "log1p" => T::ln_1p,
-        "sin" => T::sin,
-        "cos" => T::cos,
         "tanh" => T::tanh,
         "sigmoid" => T::sigmoid,
         "sqrt" => T::sqrt,
@@ -339,8 +337,8 @@ macro_rules! binary_kernels {
 }
 
 unary_kernels!(
-    neg, exp, log, log1p, sin, cos, tanh, sigmoid, relu, sqrt, rsqrt, abs, sign, floor, ceil,
-    lgamma, digamma, trigamma, erf, not
+    neg, exp, log, log1p, tanh, sigmoid, relu, sqrt, rsqrt, abs, sign, floor, ceil, lgamma,
+    digamma, trigamma, erf, not
 );
 binary_kernels!(add, sub, mul, div, pow, rem, maximum, minimum, eq, ne, lt, le, gt, ge, and, or);
 

@@ -51,8 +51,6 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("exp", map::exp),
     ("log", map::log),
     ("log1p", map::log1p),
-    ("sin", map::sin),
-    ("cos", map::cos),
     ("tanh", map::tanh),
     ("sigmoid", map::sigmoid),
     ("relu", map::relu),

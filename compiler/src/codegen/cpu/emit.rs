@@ -30,7 +30,7 @@ fn cost(e: &KExpr) -> usize {
             UnaryOp::Log => 40,
             UnaryOp::Log1p => 50,
             UnaryOp::Tanh => 50,
-            UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Erf => 40,
+            UnaryOp::Erf => 40,
             UnaryOp::Math(f) => f.row().cost,
             UnaryOp::Sqrt | UnaryOp::Rsqrt => 4,
             _ => 1,
@@ -150,8 +150,6 @@ pub(crate) fn define(
         for (e, fid) in imports {
             let r = Some(module.declare_func_in_func(fid, b.func));
             match e {
-                KExpr::Unary(UnaryOp::Sin, _) => calls.sin = r,
-                KExpr::Unary(UnaryOp::Cos, _) => calls.cos = r,
                 KExpr::Unary(UnaryOp::Erf, _) => calls.erf = r,
                 KExpr::Unary(UnaryOp::Math(f), _) => calls.math.push((f, r.expect("declared"))),
                 KExpr::Binary(BinaryOp::Pow, _, _) => calls.pow = r,

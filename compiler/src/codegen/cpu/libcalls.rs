@@ -21,10 +21,6 @@ shims! {
     log_f64: fn(x) -> f64 = <f64 as Float>::ln;
     log1p_f32: fn(x) -> f32 = <f32 as Float>::ln_1p;
     log1p_f64: fn(x) -> f64 = <f64 as Float>::ln_1p;
-    sin_f32: fn(x) -> f32 = <f32 as Float>::sin;
-    sin_f64: fn(x) -> f64 = <f64 as Float>::sin;
-    cos_f32: fn(x) -> f32 = <f32 as Float>::cos;
-    cos_f64: fn(x) -> f64 = <f64 as Float>::cos;
     tanh_f32: fn(x) -> f32 = <f32 as Float>::tanh;
     tanh_f64: fn(x) -> f64 = <f64 as Float>::tanh;
     sigmoid_f32: fn(x) -> f32 = <f32 as Float>::sigmoid;
@@ -68,10 +64,6 @@ pub(crate) struct Libcall {
 pub(crate) fn unary_libcall(op: UnaryOp, dtype: KDType) -> Option<Libcall> {
     let f32 = dtype == KDType::F32;
     let (symbol, ptr) = match (op, f32) {
-        (UnaryOp::Sin, true) => ("adjoint_sin_f32", sin_f32 as *const u8),
-        (UnaryOp::Sin, false) => ("adjoint_sin_f64", sin_f64 as *const u8),
-        (UnaryOp::Cos, true) => ("adjoint_cos_f32", cos_f32 as *const u8),
-        (UnaryOp::Cos, false) => ("adjoint_cos_f64", cos_f64 as *const u8),
         (UnaryOp::Erf, true) => ("adjoint_erf_f32", erf_f32 as *const u8),
         (UnaryOp::Erf, false) => ("adjoint_erf_f64", erf_f64 as *const u8),
         (UnaryOp::Math(f), true) => (f.row().symbol_f32, f.row().f32 as *const u8),

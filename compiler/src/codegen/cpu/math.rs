@@ -81,8 +81,6 @@ impl Ty {
 pub(crate) struct Calls {
     /// The math table's functions the body calls.
     pub math: Vec<(MathFn, FuncRef)>,
-    pub sin: Option<FuncRef>,
-    pub cos: Option<FuncRef>,
     pub erf: Option<FuncRef>,
     pub pow: Option<FuncRef>,
     pub rem: Option<FuncRef>,
@@ -383,8 +381,6 @@ impl<'a, 'f> E<'a, 'f> {
             UnaryOp::Log1p => self.log1p(x),
             UnaryOp::Tanh => self.tanh(x),
             UnaryOp::Sigmoid => self.sigmoid(x),
-            UnaryOp::Sin => self.call_lanes(self.calls.sin, &[x]),
-            UnaryOp::Cos => self.call_lanes(self.calls.cos, &[x]),
             UnaryOp::Erf => self.call_lanes(self.calls.erf, &[x]),
             UnaryOp::Math(f) => {
                 let r = self

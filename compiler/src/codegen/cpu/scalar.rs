@@ -313,8 +313,6 @@ fn unary_call(op: SUnary, t: SType) -> Option<(&'static str, *const u8)> {
         (SUnary::Exp, _) => pick!(exp_f32, exp_f64),
         (SUnary::Log, _) => pick!(log_f32, log_f64),
         (SUnary::Log1p, _) => pick!(log1p_f32, log1p_f64),
-        (SUnary::Sin, _) => pick!(sin_f32, sin_f64),
-        (SUnary::Cos, _) => pick!(cos_f32, cos_f64),
         (SUnary::Tanh, _) => pick!(tanh_f32, tanh_f64),
         (SUnary::Sigmoid, _) => pick!(sigmoid_f32, sigmoid_f64),
         (SUnary::Rsqrt, _) => pick!(rsqrt_f32, rsqrt_f64),

@@ -114,8 +114,6 @@ fn unary(op: UnaryOp, d: KDType, x: &str) -> String {
         UnaryOp::Exp => f("exp"),
         UnaryOp::Log => f("log"),
         UnaryOp::Log1p => f("log1p"),
-        UnaryOp::Sin => f("sin"),
-        UnaryOp::Cos => f("cos"),
         UnaryOp::Tanh => f("tanh"),
         UnaryOp::Sigmoid => format!("adj_sigmoid({x})"),
         UnaryOp::Relu => format!("(({x} > ({t})0 || {x} != {x}) ? {x} : ({t})0)"),

@@ -79,8 +79,6 @@ fn expected_unary(op: UnaryOp, d: KDType) -> String {
         UnaryOp::Exp => f("exp"),
         UnaryOp::Log => f("log"),
         UnaryOp::Log1p => f("log1p"),
-        UnaryOp::Sin => f("sin"),
-        UnaryOp::Cos => f("cos"),
         UnaryOp::Tanh => f("tanh"),
         UnaryOp::Sigmoid => "adj_sigmoid(v0)".into(),
         UnaryOp::Relu => "v0 != v0) ? v0 :".into(),
