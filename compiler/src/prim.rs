@@ -4,9 +4,11 @@
 //! IR prints, and the name of its reference kernel in `adjoint-runtime`), its
 //! category, its parameters with defaults (keyword arguments are
 //! normalised against this list by lowering), whether it is
-//! differentiable, and, for element-wise primitives of one argument, its
-//! derivative rule (`d "..."`, see [`crate::rule`]), from which reverse,
-//! forward and scalar-loop derivatives all come. The math functions of
+//! differentiable, and, for element-wise primitives, its derivative rule
+//! (`d "..."`: one per parameter, see [`crate::rule`]), from which reverse,
+//! forward and scalar-loop derivatives all come. (`cast` is the one
+//! differentiable element-wise primitive without one: its reverse casts
+//! back to the operand's dtype, written in `stdlib/bprop.adj`.) The math functions of
 //! `adjoint_runtime::math` are primitives too, [`Prim::Math`]: their rows
 //! live in that table, with their kernels. The type-and-shape rule lives
 //! in [`crate::infer::rules`], selected by an exhaustive `match` over
@@ -122,8 +124,8 @@ macro_rules! prims {
                 }
             }
 
-            /// The derivative rule of an element-wise primitive of one
-            /// argument, if the table gives one ([`crate::rule`]).
+            /// The derivative rule of an element-wise primitive, as the
+            /// table writes it ([`crate::rule`] parses it).
             pub fn derivative(self) -> Option<&'static str> {
                 match self {
                     $($(Prim::$variant => Some($rule),)?)*
@@ -155,14 +157,21 @@ prims! {
     Erf = "erf", Map, X, false, true, d "d * 1.1283791670955126 * exp(-(x * x))";
     Not = "not", Map, X, false, false;
     // element-wise, two operands (NumPy broadcasting, weak literal typing)
-    Add = "add", Map, XY, false, true;
-    Sub = "sub", Map, XY, false, true;
-    Mul = "mul", Map, XY, false, true;
-    Div = "div", Map, XY, false, true;
-    Pow = "pow", Map, XY, false, true;
-    Rem = "rem", Map, XY, false, true;
-    Maximum = "maximum", Map, XY, false, true;
-    Minimum = "minimum", Map, XY, false, true;
+    Add = "add", Map, XY, false, true, d "x: d; y: d";
+    Sub = "sub", Map, XY, false, true, d "x: d; y: -d";
+    Mul = "mul", Map, XY, false, true, d "x: d * y; y: d * x";
+    Div = "div", Map, XY, false, true, d "x: d / y; y: -(d * out) / y";
+    // y x^(y-1), but 0 for y == 0 (where x^-1 would make 0 * inf at x = 0);
+    // d/dy x^y = x^y log x, taken as 0 where x <= 0.
+    Pow = "pow", Map, XY, false, true,
+        d "x: where(y == 0.0, zeros_like(out), d * y * where(y == 0.0, ones_like(out), x) ** (y - 1));
+           y: where(x > 0.0, d * out * log(where(x > 0.0, x, ones_like(x))), zeros_like(out))";
+    Rem = "rem", Map, XY, false, true, d "x: d; y: -(d * sign(x / y) * floor(abs(x / y)))";
+    // Ties send the derivative to the first argument.
+    Maximum = "maximum", Map, XY, false, true,
+        d "x: where(x >= y, d, zeros_like(d)); y: where(x >= y, zeros_like(d), d)";
+    Minimum = "minimum", Map, XY, false, true,
+        d "x: where(x <= y, d, zeros_like(d)); y: where(x <= y, zeros_like(d), d)";
     Eq = "eq", Map, XY, false, false;
     Ne = "ne", Map, XY, false, false;
     Lt = "lt", Map, XY, false, false;
@@ -171,7 +180,8 @@ prims! {
     Ge = "ge", Map, XY, false, false;
     And = "and", Map, XY, false, false;
     Or = "or", Map, XY, false, false;
-    Where = "where", Map, &[req("c"), req("a"), req("b")], false, true;
+    Where = "where", Map, &[req("c"), req("a"), req("b")], false, true,
+        d "c: none; a: where(c, d, zeros_like(d)); b: where(c, zeros_like(d), d)";
     Cast = "cast", Map, &[req("x"), req("dtype")], false, true;
     // reductions
     Sum = "sum", Reduce, REDUCE, false, true;
@@ -233,7 +243,7 @@ prims! {
     Trigamma = "trigamma", Map, X, false, true, d "d * polygamma(2, x)";
     /// `polygamma(n, x)`: the `n`-th derivative of `digamma` (an int order
     /// `n >= 0`); its derivative is `polygamma(n + 1, x)`.
-    Polygamma = "polygamma", Map, &[req("n"), req("x")], false, true;
+    Polygamma = "polygamma", Map, &[req("n"), req("x")], false, true, d "n: none; x: d * polygamma(n + 1, x)";
     // Values made by differentiation. Cotangents that are known to be zero
     // are the symbolic zero `zero()`; cotangents of free variables travel in
     // environments keyed by the forward node's id.
@@ -311,6 +321,55 @@ prims! {
     SaveCsv = "save_csv", Io, &[req("io"), req("path"), req("x"), opt("header", Default::Unit)], false, false;
     Plot = "plot", Io, &[req("io"), req("y"), opt("title", Default::Unit)], false, false;
 }
+
+/// Declares an enum of operations, each a primitive of this table (the
+/// variant of [`Prim`] of the same name), with `ALL`, `prim`, `of_prim`,
+/// `name`, `from_name` and `Display`: the native code generators name
+/// the primitives they implement this way (`codegen::kernel::BinaryOp`,
+/// `SBinary` of the scalar programs).
+macro_rules! op_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),*
+        }
+
+        impl $name {
+            /// Every operation, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+
+            /// The primitive the operation computes (the variant of
+            /// `Prim` of the same name).
+            pub fn prim(self) -> $crate::prim::Prim {
+                match self {
+                    $($name::$variant => $crate::prim::Prim::$variant),*
+                }
+            }
+
+            /// The operation of a primitive, if it is one of these.
+            pub fn of_prim(p: $crate::prim::Prim) -> Option<Self> {
+                match p {
+                    $($crate::prim::Prim::$variant => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+
+            /// The primitive's name (as in `prim.rs` and the runtime kernels).
+            pub fn name(self) -> &'static str {
+                self.prim().name()
+            }
+
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+pub(crate) use op_enum;
 
 impl Prim {
     pub fn name(self) -> &'static str {

@@ -73,42 +73,6 @@ impl KId {
     }
 }
 
-macro_rules! op_enum {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal),* $(,)? }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum $name {
-            $($(#[$vdoc])* $variant),*
-        }
-
-        impl $name {
-            /// Every operation, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),*];
-
-            /// The primitive's name (as in `prim.rs` and the runtime kernels).
-            pub fn name(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text),*
-                }
-            }
-
-            /// The operation of a primitive name, if it is one of these.
-            pub fn from_name(name: &str) -> Option<Self> {
-                match name {
-                    $($text => Some($name::$variant),)*
-                    _ => None,
-                }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.name())
-            }
-        }
-    };
-}
-
 /// A unary element-wise operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnaryOp {
@@ -193,11 +157,6 @@ impl UnaryOp {
         }
     }
 
-    /// The operation of a primitive name, if it is one of these.
-    pub fn from_name(name: &str) -> Option<Self> {
-        UnaryOp::all().iter().copied().find(|op| op.name() == name)
-    }
-
     /// The primitive the operation computes.
     pub fn prim(self) -> Prim {
         match self {
@@ -231,37 +190,37 @@ impl fmt::Display for UnaryOp {
     }
 }
 
-op_enum! {
+crate::prim::op_enum! {
     /// A binary element-wise operation.
     BinaryOp {
         /// `a + b`.
-        Add = "add",
+        Add,
         /// `a - b`.
-        Sub = "sub",
+        Sub,
         /// `a * b`.
-        Mul = "mul",
+        Mul,
         /// `a / b`.
-        Div = "div",
+        Div,
         /// `a ^ b` (`powf`).
-        Pow = "pow",
+        Pow,
         /// Remainder with the dividend's sign (C `fmod`, Rust `%`).
-        Rem = "rem",
+        Rem,
         /// The larger; NaN wins (`a` if `a` is NaN or `a >= b`, else `b`).
-        Maximum = "maximum",
+        Maximum,
         /// The smaller; NaN wins (`a` if `a` is NaN or `a <= b`, else `b`).
-        Minimum = "minimum",
+        Minimum,
         /// `a == b` as 1.0 / 0.0.
-        Eq = "eq",
+        Eq,
         /// `a != b` as 1.0 / 0.0 (true when either is NaN).
-        Ne = "ne",
+        Ne,
         /// `a < b` as 1.0 / 0.0.
-        Lt = "lt",
+        Lt,
         /// `a <= b` as 1.0 / 0.0.
-        Le = "le",
+        Le,
         /// `a > b` as 1.0 / 0.0.
-        Gt = "gt",
+        Gt,
         /// `a >= b` as 1.0 / 0.0.
-        Ge = "ge",
+        Ge,
     }
 }
 
@@ -275,17 +234,17 @@ impl BinaryOp {
     }
 }
 
-op_enum! {
+crate::prim::op_enum! {
     /// The operation of a reduction.
     ReduceOp {
         /// Sum (identity 0).
-        Sum = "sum",
+        Sum,
         /// Maximum, NaN wins (identity -inf).
-        Max = "max",
+        Max,
         /// Minimum, NaN wins (identity +inf).
-        Min = "min",
+        Min,
         /// Product (identity 1).
-        Prod = "prod",
+        Prod,
     }
 }
 

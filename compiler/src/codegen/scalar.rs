@@ -219,10 +219,6 @@ impl SUnary {
         })
     }
 
-    pub fn from_name(name: &str) -> Option<SUnary> {
-        SUnary::all().iter().copied().find(|op| op.name() == name)
-    }
-
     /// The operation computing primitive `p`, if it is one of these.
     pub fn of_prim(p: Prim) -> Option<SUnary> {
         SUnary::all().iter().copied().find(|op| op.prim() == p)
@@ -306,75 +302,32 @@ impl SUnary {
     }
 }
 
-/// Binary operations, by their primitive's name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SBinary {
-    Add,
-    Sub,
-    Mul,
-    /// Division; on ints, a zero divisor is a fault the program reports.
-    Div,
-    /// Powers; on ints, a negative exponent is a fault.
-    Pow,
-    /// Remainder with the dividend's sign; on ints, as `Div`.
-    Rem,
-    Maximum,
-    Minimum,
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    And,
-    Or,
+crate::prim::op_enum! {
+    /// Binary operations, each the scalar form of a primitive.
+    SBinary {
+        Add,
+        Sub,
+        Mul,
+        /// Division; on ints, a zero divisor is a fault the program reports.
+        Div,
+        /// Powers; on ints, a negative exponent is a fault.
+        Pow,
+        /// Remainder with the dividend's sign; on ints, as `Div`.
+        Rem,
+        Maximum,
+        Minimum,
+        Eq,
+        Ne,
+        Lt,
+        Le,
+        Gt,
+        Ge,
+        And,
+        Or,
+    }
 }
 
 impl SBinary {
-    pub const ALL: [SBinary; 16] = [
-        SBinary::Add,
-        SBinary::Sub,
-        SBinary::Mul,
-        SBinary::Div,
-        SBinary::Pow,
-        SBinary::Rem,
-        SBinary::Maximum,
-        SBinary::Minimum,
-        SBinary::Eq,
-        SBinary::Ne,
-        SBinary::Lt,
-        SBinary::Le,
-        SBinary::Gt,
-        SBinary::Ge,
-        SBinary::And,
-        SBinary::Or,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            SBinary::Add => "add",
-            SBinary::Sub => "sub",
-            SBinary::Mul => "mul",
-            SBinary::Div => "div",
-            SBinary::Pow => "pow",
-            SBinary::Rem => "rem",
-            SBinary::Maximum => "maximum",
-            SBinary::Minimum => "minimum",
-            SBinary::Eq => "eq",
-            SBinary::Ne => "ne",
-            SBinary::Lt => "lt",
-            SBinary::Le => "le",
-            SBinary::Gt => "gt",
-            SBinary::Ge => "ge",
-            SBinary::And => "and",
-            SBinary::Or => "or",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<SBinary> {
-        SBinary::ALL.into_iter().find(|op| op.name() == name)
-    }
-
     /// Whether the result is a bool whatever the operands.
     pub fn is_comparison(self) -> bool {
         matches!(

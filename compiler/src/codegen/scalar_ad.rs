@@ -13,8 +13,8 @@
 //!   those of its float parameters, popping the tape: for each activation,
 //!   newest first, it recomputes the cheap values of the function from the
 //!   record, runs the function's instructions in reverse with the rules of
-//!   `stdlib/bprop.adj` (restated here for scalars; `tests/graph_mode.rs`
-//!   checks both give the same gradients), then dispatches on the next tag
+//!   the primitive table (`crate::rule`, from which `stdlib/bprop.adj`'s
+//!   element-wise rules are generated too), then dispatches on the next tag
 //!   to the function that tail-called this one, or returns at a mark.
 //!
 //! The reverse of a function depends on how the activation ended (which
@@ -88,41 +88,54 @@ fn saved(op: &SOp) -> bool {
     }
 }
 
-/// The cotangent of the operand of `u` (at `x`, with result `y`) for the
-/// result's cotangent `d`, of float type `t`, from the rule of `u`'s row of
-/// the primitive table ([`crate::rule`]); `None` when it is zero.
-fn unary_rule(
+/// The cotangents of the operands `args` of the element-wise primitive
+/// `p` (with result `out`) for the result's cotangent `d`, of float type
+/// `t`, from the rules of `p`'s row of the primitive table
+/// ([`crate::rule`]); `None` for an operand whose cotangent is zero.
+fn table_rule(
     fb: &mut Fb,
-    u: SUnary,
-    x: SVal,
-    y: SVal,
+    p: crate::prim::Prim,
+    args: &[SVal],
+    out: SVal,
     d: SVal,
     t: SType,
-) -> Result<Option<SVal>, String> {
-    let Some(text) = u.prim().derivative() else {
-        return Ok(None);
+) -> Result<Vec<Option<SVal>>, String> {
+    let Some(rules) = rule::rules_of(p) else {
+        return Err(format!("{p} has no derivative rule"));
     };
-    match rule::parse(text)? {
-        Rule::Zero => Ok(None),
-        Rule::Expr(e) => emit_rule(fb, &e, [x, y, d], t).map(Some),
-    }
+    let env = RuleEnv { args, out, d };
+    rules
+        .iter()
+        .map(|r| match r {
+            Rule::Zero | Rule::None => Ok(None),
+            Rule::Expr(e) => emit_rule(fb, e, &env, t).map(Some),
+        })
+        .collect()
 }
 
-/// Scalar operations computing rule expression `e` for `x`, `out` and `d`.
-fn emit_rule(fb: &mut Fb, e: &RuleExpr, xyd: [SVal; 3], t: SType) -> Result<SVal, String> {
-    let [x, y, d] = xyd;
+/// The values a rule's names stand for.
+struct RuleEnv<'a> {
+    args: &'a [SVal],
+    out: SVal,
+    d: SVal,
+}
+
+/// Scalar operations computing rule expression `e` in `env`.
+fn emit_rule(fb: &mut Fb, e: &RuleExpr, env: &RuleEnv, t: SType) -> Result<SVal, String> {
     Ok(match e {
         RuleExpr::Num(v) => fb.konst(float_const(t, *v)),
-        RuleExpr::X => x,
-        RuleExpr::Out => y,
-        RuleExpr::D => d,
+        RuleExpr::Int(v) => fb.konst(float_const(t, *v as f64)),
+        RuleExpr::Param(i) => env.args[*i],
+        RuleExpr::Out => env.out,
+        RuleExpr::D => env.d,
+        RuleExpr::Tangent(_) => return Err("a tangent in a table rule".into()),
         RuleExpr::Neg(a) => {
-            let a = emit_rule(fb, a, xyd, t)?;
+            let a = emit_rule(fb, a, env, t)?;
             fb.one(SOp::Unary(SUnary::Neg, a), t)
         }
         RuleExpr::Arith(op, a, b) => {
-            let a = emit_rule(fb, a, xyd, t)?;
-            let b = emit_rule(fb, b, xyd, t)?;
+            let a = emit_rule(fb, a, env, t)?;
+            let b = emit_rule(fb, b, env, t)?;
             let op = match op {
                 '+' => SBinary::Add,
                 '-' => SBinary::Sub,
@@ -131,9 +144,14 @@ fn emit_rule(fb: &mut Fb, e: &RuleExpr, xyd: [SVal; 3], t: SType) -> Result<SVal
             };
             fb.one(SOp::Binary(op, a, b), t)
         }
+        RuleExpr::Pow(a, b) => {
+            let a = emit_rule(fb, a, env, t)?;
+            let b = emit_rule(fb, b, env, t)?;
+            fb.one(SOp::Binary(SBinary::Pow, a, b), t)
+        }
         RuleExpr::Cmp(op, a, b) => {
-            let a = emit_rule(fb, a, xyd, t)?;
-            let b = emit_rule(fb, b, xyd, t)?;
+            let a = emit_rule(fb, a, env, t)?;
+            let b = emit_rule(fb, b, env, t)?;
             let op = match *op {
                 ">" => SBinary::Gt,
                 "<" => SBinary::Lt,
@@ -146,18 +164,21 @@ fn emit_rule(fb: &mut Fb, e: &RuleExpr, xyd: [SVal; 3], t: SType) -> Result<SVal
         }
         RuleExpr::Call(name, args) => match (name.as_str(), &args[..]) {
             ("where", [c, a, b]) => {
-                let c = emit_rule(fb, c, xyd, t)?;
-                let a = emit_rule(fb, a, xyd, t)?;
-                let b = emit_rule(fb, b, xyd, t)?;
+                let c = emit_rule(fb, c, env, t)?;
+                let a = emit_rule(fb, a, env, t)?;
+                let b = emit_rule(fb, b, env, t)?;
                 fb.one(SOp::Select(c, a, b), t)
             }
             ("zeros_like", [_]) => fb.konst(zero_of(t)),
+            ("ones_like", [_]) => fb.konst(float_const(t, 1.0)),
             (f, [a]) => {
-                let op = SUnary::from_name(f).ok_or_else(|| format!("{f} has no scalar rule"))?;
-                let a = emit_rule(fb, a, xyd, t)?;
+                let op = crate::prim::Prim::from_name(f)
+                    .and_then(SUnary::of_prim)
+                    .ok_or_else(|| format!("{f} has no scalar operation"))?;
+                let a = emit_rule(fb, a, env, t)?;
                 fb.one(SOp::Unary(op, a), t)
             }
-            _ => return Err(format!("{name} has no scalar rule")),
+            _ => return Err(format!("{name} has no scalar operation")),
         },
     })
 }
@@ -781,73 +802,22 @@ impl Rev<'_> {
                 continue;
             }
             let y = m(&r);
-            let k = |fb: &mut Fb, x: f64| fb.konst(float_const(t, x));
             match &inst.op {
                 SOp::Const(_) => {}
                 SOp::Unary(u, x) => {
-                    let dx = unary_rule(&mut fb, *u, m(x), y, dr, t)
+                    let dx = table_rule(&mut fb, u.prim(), &[m(x)], y, dr, t)
                         .map_err(|e| format!("{}: {e}", f.name))?;
-                    if let Some(dx) = dx {
+                    if let Some(dx) = dx[0] {
                         acc(&mut fb, &mut adj, *x, dx);
                     }
                 }
                 SOp::Binary(op, a, b) => {
-                    let (av, bv) = (m(a), m(b));
-                    let bin = |fb: &mut Fb, op, x, y| fb.one(SOp::Binary(op, x, y), t);
-                    let un = |fb: &mut Fb, op, x| fb.one(SOp::Unary(op, x), t);
-                    use SBinary::*;
-                    let (da, db) = match op {
-                        Add => (Some(dr), Some(dr)),
-                        Sub => (Some(dr), Some(un(&mut fb, SUnary::Neg, dr))),
-                        Mul => (
-                            Some(bin(&mut fb, Mul, dr, bv)),
-                            Some(bin(&mut fb, Mul, dr, av)),
-                        ),
-                        Div => {
-                            let da = bin(&mut fb, Div, dr, bv);
-                            let dy = bin(&mut fb, Mul, dr, y);
-                            let n = un(&mut fb, SUnary::Neg, dy);
-                            (Some(da), Some(bin(&mut fb, Div, n, bv)))
+                    let ds = table_rule(&mut fb, op.prim(), &[m(a), m(b)], y, dr, t)
+                        .map_err(|e| format!("{}: {e}", f.name))?;
+                    for (v, dv) in [*a, *b].into_iter().zip(ds) {
+                        if let Some(dv) = dv {
+                            acc(&mut fb, &mut adj, v, dv);
                         }
-                        Pow => {
-                            let one = k(&mut fb, 1.0);
-                            let bm1 = bin(&mut fb, Sub, bv, one);
-                            let pw = bin(&mut fb, Pow, av, bm1);
-                            let db0 = bin(&mut fb, Mul, dr, bv);
-                            let da = bin(&mut fb, Mul, db0, pw);
-                            let z = k(&mut fb, 0.0);
-                            let pos = fb.one(SOp::Binary(Gt, av, z), SType::Bool);
-                            let safe = fb.one(SOp::Select(pos, av, one), t);
-                            let lg = un(&mut fb, SUnary::Log, safe);
-                            let dy = bin(&mut fb, Mul, dr, y);
-                            let dyl = bin(&mut fb, Mul, dy, lg);
-                            let db = fb.one(SOp::Select(pos, dyl, z), t);
-                            (Some(da), Some(db))
-                        }
-                        Rem => {
-                            let q = bin(&mut fb, Div, av, bv);
-                            let s = un(&mut fb, SUnary::Sign, q);
-                            let aq = un(&mut fb, SUnary::Abs, q);
-                            let fl = un(&mut fb, SUnary::Floor, aq);
-                            let ds = bin(&mut fb, Mul, dr, s);
-                            let dsf = bin(&mut fb, Mul, ds, fl);
-                            (Some(dr), Some(un(&mut fb, SUnary::Neg, dsf)))
-                        }
-                        Maximum | Minimum => {
-                            let cmp = if *op == Maximum { Ge } else { Le };
-                            let first = fb.one(SOp::Binary(cmp, av, bv), SType::Bool);
-                            let z = k(&mut fb, 0.0);
-                            let da = fb.one(SOp::Select(first, dr, z), t);
-                            let db = fb.one(SOp::Select(first, z, dr), t);
-                            (Some(da), Some(db))
-                        }
-                        _ => (None, None),
-                    };
-                    if let Some(da) = da {
-                        acc(&mut fb, &mut adj, *a, da);
-                    }
-                    if let Some(db) = db {
-                        acc(&mut fb, &mut adj, *b, db);
                     }
                 }
                 SOp::Cast(x) => {
@@ -862,11 +832,14 @@ impl Rev<'_> {
                     }
                 }
                 SOp::Select(c, a, b) => {
-                    let cv = m(c);
-                    let da = guard(&mut fb, cv, dr, true, t);
-                    let db = guard(&mut fb, cv, dr, false, t);
-                    acc(&mut fb, &mut adj, *a, da);
-                    acc(&mut fb, &mut adj, *b, db);
+                    let args = [m(c), m(a), m(b)];
+                    let ds = table_rule(&mut fb, crate::prim::Prim::Where, &args, y, dr, t)
+                        .map_err(|e| format!("{}: {e}", f.name))?;
+                    for (v, dv) in [*c, *a, *b].into_iter().zip(ds) {
+                        if let Some(dv) = dv {
+                            acc(&mut fb, &mut adj, v, dv);
+                        }
+                    }
                 }
                 SOp::Call(_) | SOp::CallIf(..) | SOp::Push(_) | SOp::Pop => {}
             }

@@ -339,7 +339,7 @@ fn op_of(p: Prim) -> Option<Op> {
     if let Some(u) = UnaryOp::of_prim(p) {
         return Some(Op::Unary(u));
     }
-    BinaryOp::from_name(p.name()).map(Op::Binary)
+    BinaryOp::of_prim(p).map(Op::Binary)
 }
 
 fn reduce_of(p: Prim) -> Option<ReduceOp> {

@@ -512,7 +512,7 @@ impl Cx<'_> {
                     let x = self.weak_dtype(*ins.first()?)?;
                     let (d, _) = dtype::unary_result(op.name(), x).ok()?;
                     (ins.len() == 1 && d == r.dtype()).then_some(())?;
-                } else if let Some(op) = SBinary::from_name(p.name()) {
+                } else if let Some(op) = SBinary::of_prim(p) {
                     if ins.len() != 2 {
                         return None;
                     }
@@ -1242,7 +1242,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                         let x = self.operand(ins[1], t)?;
                         self.push(SOp::Unary(op, x), vec![t])
                     } else {
-                        let op = SBinary::from_name(p.name())?;
+                        let op = SBinary::of_prim(p)?;
                         let (a, b) = (cx.weak_dtype(ins[1])?, cx.weak_dtype(ins[2])?);
                         let (c, _) = dtype::binary_operands(op.name(), a, b).ok()?;
                         let c = SType::of(c)?;
