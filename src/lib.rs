@@ -26,11 +26,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use adjoint_compiler::exec::Executable;
 use adjoint_compiler::infer::AbsVal;
 use adjoint_compiler::ir::print::print_module;
 use adjoint_compiler::lower::SourceLoader;
 use adjoint_compiler::pipeline::Program;
+use adjoint_compiler::vmgen::Executable;
 use adjoint_lang::{render, Diagnostic, SourceMap};
 
 pub use adjoint_runtime::tensor::{DType, Tensor};

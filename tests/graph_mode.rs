@@ -801,7 +801,7 @@ fn a_counting_loop_sizes_its_tape_from_its_trip_count() {
     print(grad(F)(0.3, n));
 }
 ";
-    use adjoint_compiler::codegen::cpu::scalar::tape_growths;
+    use adjoint_compiler::scalar::native::tape_growths;
     let growths = |f: &str| {
         let src = src.replace("grad(F)", &format!("grad({f})"));
         let s = Session::new(Mode::Graph)
@@ -1198,7 +1198,7 @@ fn passes_read_graph_roles_not_names() {
         "fn f(x) {\n    let mut s = x;\n    for i in 0..100 { s = sin(s) * 1.01 + x; }\n    s\n}\n\
          fn main() { print(grad(f)(0.3), grad(grad(f))(0.3)); }\n",
         // A loop over tensors whose trip count depends on data: the
-        // reversed loop's stack of records (opt/dense.rs, exec.rs).
+        // reversed loop's stack of records (opt/dense.rs, vmgen/mod.rs).
         "fn f(w) {\n    let mut h = w;\n    let mut i = 0;\n    while sum(h * h) < 50.0 && i < 30 {\n        h = tanh(h) * 1.5 + w;\n        i = i + 1;\n    }\n    sum(h)\n}\n\
          fn main() { print(grad(f)([0.1, 0.2, 0.3])); }\n",
         // A closure made inside a loop, and `if` inside the body.

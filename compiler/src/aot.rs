@@ -14,11 +14,11 @@ use adjoint_runtime::tensor::DType;
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::Vm;
 
-use crate::exec::{self, Executable};
 use crate::infer::{AbsTensor, AbsVal, InferOptions};
 use crate::ir::print::print_module;
 use crate::ir::{GraphId, Module};
 use crate::pipeline::Program;
+use crate::vmgen::{self, Executable};
 
 /// The first line of every blob (the format and the compiler's version);
 /// it is checked when the blob is read.
@@ -69,7 +69,7 @@ impl Param {
 /// read back to the same module.
 pub fn blob_text(program: &Program, entries: &[Entry], params: &[Param]) -> Result<String, String> {
     let roots: Vec<GraphId> = entries.iter().map(|e| e.graph).collect();
-    if crate::exec::uses_dynamic_ad(&program.lowered.module, &roots) {
+    if crate::vmgen::uses_dynamic_ad(&program.lowered.module, &roots) {
         return Err("this function differentiates a function value at run time (`grad` of a parameter or of a value from a tuple); ahead-of-time builds do not support it yet".into());
     }
     let (m, _) = program.optimized(&roots);
@@ -311,7 +311,7 @@ impl AotModule {
         let types = crate::infer::infer_module_with(&self.module, *g, &abs, &opts);
         let opts = crate::options::CompilerOptions::default();
         let plan = crate::fuse::plan(&self.module, &[*g], types.as_ref().ok(), &opts);
-        let ex = exec::compile_with(&self.module, &[*g], Some(&plan), &opts)
+        let ex = vmgen::compile_with(&self.module, &[*g], Some(&plan), &opts)
             .map_err(|e| format!("internal error: {}", e.message))?;
         Ok(Compiled {
             ex,

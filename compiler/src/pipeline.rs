@@ -9,9 +9,9 @@ use adjoint_runtime::tensor::DType;
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::{Vm, VmError};
 
-use crate::exec::{self, Executable};
 use crate::ir::{GraphId, Loc};
 use crate::lower::{span_of, Lowered, Lowerer, SourceLoader};
+use crate::vmgen::{self, Executable};
 
 /// How a program runs: its IR as lowered and differentiated, one
 /// primitive at a time (`Eager`, for debugging), or through the optimiser
@@ -415,7 +415,7 @@ impl Program {
         // Differentiation at run time builds on the derivative rules:
         // keep them (optimised too).
         let mut roots = roots.to_vec();
-        if crate::exec::uses_dynamic_ad(&m, &roots) {
+        if crate::vmgen::uses_dynamic_ad(&m, &roots) {
             roots.extend(self.rule_graphs());
         }
         let mut stats = crate::opt::optimize(&mut m, &roots, &opts);
@@ -485,7 +485,7 @@ impl Program {
         m: &crate::ir::Module,
         roots: &[GraphId],
     ) -> Executable {
-        if !crate::exec::uses_dynamic_ad(m, roots) {
+        if !crate::vmgen::uses_dynamic_ad(m, roots) {
             return ex;
         }
         let d = Arc::new(crate::ad::dynamic::DynAd::new(
@@ -583,7 +583,7 @@ impl Program {
             mode
         };
         let compiled = match mode {
-            Mode::Eager => exec::compile(&self.lowered.module, &[main], &self.options)
+            Mode::Eager => vmgen::compile(&self.lowered.module, &[main], &self.options)
                 .map(|ex| self.with_dynamic(ex, &self.lowered.module, &[main])),
             Mode::Graph => {
                 let (m, _) = self.optimized_for(&[main], Some(args));
@@ -611,7 +611,7 @@ impl Program {
                         tracing::debug!(target: "adjoint::fuse", "fused: {line}");
                     }
                 }
-                exec::compile_with(&m, &[main], plan.as_ref(), &self.options)
+                vmgen::compile_with(&m, &[main], plan.as_ref(), &self.options)
                     .map(|ex| self.with_dynamic(ex, &m, &[main]))
             }
         };
@@ -765,7 +765,7 @@ fn vm_diagnostic(e: &VmError, ex: &Executable, root: FileId, stdlib: &[FileId]) 
 /// value inside code that is itself differentiated.
 fn nested_dynamic_ad(m: &crate::ir::Module, roots: &[GraphId]) -> bool {
     let graphs = crate::ir::analysis::reachable_graphs(m, roots);
-    crate::exec::dynamic_ad_ops(m, &graphs)
+    crate::vmgen::dynamic_ad_ops(m, &graphs)
         .into_iter()
         .any(|nested| nested)
 }

@@ -440,7 +440,7 @@ mod kernel_tests {
 mod native_op_tests {
     use super::*;
     use crate::codegen::kernel::UnaryOp;
-    use crate::codegen::scalar::SUnary;
+    use crate::scalar::SUnary;
 
     /// The native operations of element-wise primitives map to their
     /// primitive and back, and every math function has both.

@@ -17,7 +17,7 @@
 //! (sum_to(RULE_x, x), sum_to(RULE_y, y))`), the forward rule (`fn
 //! jvp_p(x, y, out, dx, dy) = RULE_x[d := dx] + RULE_y[d := dy]`), both
 //! added to the standard library's rule files by [`stdlib_rules`], and
-//! the native scalar-loop derivative (`codegen::scalar_ad`, through
+//! the native scalar-loop derivative (`scalar::ad`, through
 //! [`rules_of`]).
 
 use std::collections::HashMap;

@@ -48,9 +48,9 @@ use adjoint_runtime::value::{Closure, CodeId, Record, Value};
 use adjoint_runtime::vm::{Code, LocIndex};
 
 use super::{Ad, AdKind, AdRequest, Provenance, Rules};
-use crate::exec;
 use crate::ir::analysis::{free_variables, FreeVars};
 use crate::ir::{GraphId, Loc, Module, NodeId};
+use crate::vmgen;
 
 /// The compiler's run-time differentiation of closures.
 pub struct DynAd {
@@ -164,7 +164,7 @@ impl DynAd {
         let mut locs = self.locs.write().unwrap_or_else(|e| e.into_inner());
         let next = self.base + codes.len() as u32;
         let before: HashSet<GraphId> = st.code_of.keys().copied().collect();
-        let new = exec::compile_more(
+        let new = vmgen::compile_more(
             &st.m,
             &[g],
             fv,
@@ -521,7 +521,7 @@ fn display(name: &str) -> String {
     name.to_string()
 }
 
-impl exec::RuntimeLocs for DynAd {
+impl vmgen::RuntimeLocs for DynAd {
     fn loc(&self, i: LocIndex) -> Loc {
         DynAd::loc(self, i)
     }

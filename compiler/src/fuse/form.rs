@@ -5,7 +5,7 @@
 
 use super::matmul::View;
 use crate::codegen::kernel::KernelSpec;
-use crate::codegen::scalar::ScalarProgram;
+use crate::scalar::ScalarProgram;
 
 /// A group's kernel before code generation.
 #[derive(Clone, Debug)]
@@ -17,7 +17,7 @@ pub enum KernelForm {
     /// A matrix product with its bias row and activation
     /// ([`super::epilogue`]); only the CPU back end has this kernel.
     Epilogue,
-    /// A loop over scalars ([`super::scalar`]): latency-bound host code,
+    /// A loop over scalars ([`super::regions`]): latency-bound host code,
     /// compiled for the CPU only.
     Scalar(ScalarProgram),
 }

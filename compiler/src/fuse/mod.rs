@@ -5,7 +5,7 @@
 //!
 //! The pass reads the optimised module and the types inference gives it;
 //! it does not change the IR. Its result, a [`Plan`], tells the VM compiler
-//! ([`crate::exec`]) which nodes a native kernel computes: the members of
+//! ([`crate::vmgen`]) which nodes a native kernel computes: the members of
 //! a group are not run one by one; one `Native` instruction computes the
 //! group's outputs (the members used outside it) from its inputs.
 //!
@@ -38,7 +38,7 @@ pub mod matmul;
 pub mod order;
 mod reverse;
 pub(crate) use reverse::{loop_test, steps_by_one, threads_stack};
-pub mod scalar;
+pub mod regions;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -397,7 +397,7 @@ pub fn plan(
     let mut plan = Plan::default();
     if let (Some(types), true) = (types, opts.scalar_jit) {
         reverse::reverse_groups(m, &graphs, types, &fv, &users, &escapes, &mut plan, opts);
-        scalar::scalar_groups(m, &graphs, types, &fv, &mut plan);
+        regions::scalar_groups(m, &graphs, types, &fv, &mut plan);
     }
     for g in &graphs {
         let body = &bodies[g];

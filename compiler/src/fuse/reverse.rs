@@ -5,11 +5,11 @@
 //! backpropagator closure per iteration onto a stack, and `unwind`, which
 //! pops and calls them; the VM runs both with a heap allocation per step.
 //! When the loop is over scalars, its `J'` graphs with the pushes left out
-//! are a scalar region computing the loop itself ([`super::scalar`], with
+//! are a scalar region computing the loop itself ([`super::regions`], with
 //! the stack as [`Shape::Stack`]). This pass finds the call that starts
 //! such a loop, `r = J'(args.., ())`, whose stack `tuple_get(r, 1)` goes
 //! only to one `unwind(stack, seed)`, and replaces both calls with native
-//! kernels made by [`crate::codegen::scalar_ad`]: the first runs the loop
+//! kernels made by [`crate::scalar::ad`]: the first runs the loop
 //! and records a tape (an i64 tensor), the second runs it backwards from
 //! the seed and gives `unwind`'s result, `(env, d_args..)`.
 //!
@@ -26,17 +26,17 @@ use adjoint_runtime::tensor::Tensor;
 use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::NativeKernel;
 
-use super::scalar::{
+use super::regions::{
     add_call_group, callees, compilable, program_of, region, scalar_args, Cx, Shape, Stacks,
 };
 use super::Plan;
-use crate::codegen::cpu::scalar::{compile_scalar_cached, CompiledScalar};
-use crate::codegen::scalar::{SOp, SType, Scalar, ScalarProgram};
-use crate::codegen::scalar_ad::reverse;
 use crate::infer::Types;
 use crate::ir::analysis::{graph_body_with, FreeVars};
 use crate::ir::{Const, GraphId, GraphRole, Module, NodeId};
 use crate::prim::Prim;
+use crate::scalar::ad::reverse;
+use crate::scalar::native::{compile_scalar_cached, CompiledScalar};
+use crate::scalar::{SOp, SType, Scalar, ScalarProgram};
 
 /// The stacks of the `J'` graphs among `graphs`: their last parameter
 /// `stack`, and the pushes `ad_hide((@B, stack))`.
@@ -468,7 +468,7 @@ pub(crate) fn steps_by_one(m: &Module, x: NodeId, counter: impl Fn(NodeId) -> bo
 /// variables.
 fn counting(
     cx: &Cx,
-    ok: &HashMap<GraphId, super::scalar::Info>,
+    ok: &HashMap<GraphId, super::regions::Info>,
     members: &[GraphId],
     forward: &ScalarProgram,
     g: GraphId,
@@ -530,7 +530,7 @@ fn counting(
 
 fn build(
     cx: &Cx,
-    ok: &HashMap<GraphId, super::scalar::Info>,
+    ok: &HashMap<GraphId, super::regions::Info>,
     g: GraphId,
     max_tape_slots: u64,
 ) -> Result<Built, String> {

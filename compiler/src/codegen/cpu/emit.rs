@@ -1,7 +1,7 @@
 //! Cranelift IR for a kernel's loop nest.
 //!
 //! The function is `fn(inputs: *const *const u8, outputs: *const *mut u8,
-//! begin: usize, end: usize)`; it runs the loop `plan.par_dim` over
+//! begin: usize, end: usize)`; it runs the loop `nest.par_dim` over
 //! `[begin, end)` and every other loop over its full extent. The innermost
 //! loop runs `unroll` vectors per step, then single vectors, then scalars.
 
@@ -16,7 +16,7 @@ use cranelift_module::{FuncId, Linkage, Module};
 use super::avx2;
 use super::libcalls::{binary_libcall, unary_libcall, Libcall};
 use super::math::{Calls, Mask, Ty, E};
-use super::plan::{Mode, Plan};
+use super::nest::{LoopNest, Mode};
 use crate::codegen::kernel::{BinaryOp, KDType, KExpr, KId, KernelSpec, ReduceOp, UnaryOp};
 
 /// The relative cost of one body expression per element, for choosing the
@@ -87,7 +87,7 @@ pub(crate) fn libcalls(spec: &KernelSpec) -> Vec<(KExpr, Libcall)> {
 pub(crate) fn define(
     module: &mut JITModule,
     spec: &KernelSpec,
-    plan: &Plan,
+    nest: &LoopNest,
     unroll: usize,
     fma: bool,
     use_avx2: bool,
@@ -117,7 +117,7 @@ pub(crate) fn define(
     // The 256-bit routines the body can use (with FMA only: they are the
     // fused algorithms).
     let mut routine_ids = Vec::new();
-    if use_avx2 && fma && plan.mode == Mode::Map && plan.vector {
+    if use_avx2 && fma && nest.mode == Mode::Map && nest.vector {
         let mut s = module.make_signature();
         s.params.push(AbiParam::new(ptr));
         s.params.push(AbiParam::new(ptr));
@@ -170,12 +170,12 @@ pub(crate) fn define(
             .collect();
         let mut g = Gen {
             spec,
-            plan,
+            nest,
             es: spec.dtype.size_bytes() as i64,
             sh: if spec.dtype == KDType::F32 { 2 } else { 3 },
             st: Ty::new(spec.dtype, false),
             vt: Ty::new(spec.dtype, true),
-            unroll: if plan.vector { unroll.max(1) } else { 1 },
+            unroll: if nest.vector { unroll.max(1) } else { 1 },
             calls,
             begin: params[2],
             end: params[3],
@@ -198,12 +198,12 @@ pub(crate) fn define(
                 .iter()
                 .map(|&(op, fid)| (op, module.declare_func_in_func(fid, b.func)))
                 .collect();
-            g.chunked = Chunked::new(&mut b, spec, plan, &routines, ptr);
+            g.chunked = Chunked::new(&mut b, spec, nest, &routines, ptr);
             chunked = g.chunked.is_some();
         }
         // Inputs read at one place only: load once.
         for &i in &g.used.clone() {
-            if plan.in_strides[i].iter().all(|&s| s == 0) {
+            if nest.in_strides[i].iter().all(|&s| s == 0) {
                 let v = g.load_invariant(&mut b, in_base[i]);
                 g.invariant[i] = Some(v);
             }
@@ -227,7 +227,7 @@ pub(crate) fn define(
 
 struct Gen<'s> {
     spec: &'s KernelSpec,
-    plan: &'s Plan,
+    nest: &'s LoopNest,
     /// Element size in bytes and its log2.
     es: i64,
     sh: i64,
@@ -371,13 +371,13 @@ impl Chunked {
     fn new(
         b: &mut FunctionBuilder,
         spec: &KernelSpec,
-        plan: &Plan,
+        nest: &LoopNest,
         routines: &[(UnaryOp, FuncRef)],
         ptr: types::Type,
     ) -> Option<Chunked> {
-        let last_dim = plan.dims.len() - 1;
+        let last_dim = nest.dims.len() - 1;
         // Short rows would pay a call per few elements.
-        if plan.dims[last_dim] < 16 {
+        if nest.dims[last_dim] < 16 {
             return None;
         }
         let find = |op: UnaryOp| routines.iter().find(|r| r.0 == op).map(|r| r.1);
@@ -385,7 +385,7 @@ impl Chunked {
             &spec.body,
             &spec.outputs,
             |op| find(op).is_some(),
-            |i| plan.in_strides[i][last_dim] == 1,
+            |i| nest.in_strides[i][last_dim] == 1,
         )?;
         let routine = spec
             .body
@@ -436,7 +436,7 @@ type Pair = (Value, Value);
 impl<'s> Gen<'s> {
     fn load_invariant(&self, b: &mut FunctionBuilder, p: Value) -> Pair {
         let s = b.ins().load(self.st.f, self.flags, p, 0);
-        let v = if self.plan.vector {
+        let v = if self.nest.vector {
             b.ins().splat(self.vt.f, s)
         } else {
             s
@@ -464,11 +464,11 @@ impl<'s> Gen<'s> {
 
     /// The `[start, stop)` range of loop `l`.
     fn range(&self, b: &mut FunctionBuilder, l: usize) -> (Value, Value) {
-        if l == self.plan.par_dim {
+        if l == self.nest.par_dim {
             (self.begin, self.end)
         } else {
             let z = self.iconst(b, 0);
-            let n = self.iconst(b, self.plan.dims[l] as i64);
+            let n = self.iconst(b, self.nest.dims[l] as i64);
             (z, n)
         }
     }
@@ -507,15 +507,15 @@ impl<'s> Gen<'s> {
     /// Output `k`'s stride on loop `l`: a reduction's side outputs are
     /// dense over the whole iteration space.
     fn out_stride(&self, k: usize, l: usize) -> isize {
-        if k > 0 && self.plan.mode != Mode::Map {
-            self.plan.side_strides[l]
+        if k > 0 && self.nest.mode != Mode::Map {
+            self.nest.side_strides[l]
         } else {
-            self.plan.out_strides[l]
+            self.nest.out_strides[l]
         }
     }
 
     fn is_first_reduced(&self, l: usize) -> bool {
-        self.plan.mode != Mode::Map && self.plan.reduced[l] && (l == 0 || !self.plan.reduced[l - 1])
+        self.nest.mode != Mode::Map && self.nest.reduced[l] && (l == 0 || !self.nest.reduced[l - 1])
     }
 
     fn level(&mut self, b: &mut FunctionBuilder, l: usize, inp: &[Value], outp: &[Value]) {
@@ -523,7 +523,7 @@ impl<'s> Gen<'s> {
         if wrap {
             self.pre_reduce(b, outp);
         }
-        let last = self.plan.dims.len() - 1;
+        let last = self.nest.dims.len() - 1;
         if l == last {
             self.row(b, inp, outp);
         } else {
@@ -534,7 +534,7 @@ impl<'s> Gen<'s> {
                 let ip: Vec<Value> = inp
                     .iter()
                     .enumerate()
-                    .map(|(j, &p)| g.offset(b, p, i, g.plan.in_strides[j][l]))
+                    .map(|(j, &p)| g.offset(b, p, i, g.nest.in_strides[j][l]))
                     .collect();
                 let op: Vec<Value> = outp
                     .iter()
@@ -557,18 +557,18 @@ impl<'s> Gen<'s> {
     /// Before the reduced loops: zero the accumulators, or fill the output
     /// row with the identity.
     fn pre_reduce(&mut self, b: &mut FunctionBuilder, outp: &[Value]) {
-        match self.plan.mode {
+        match self.nest.mode {
             Mode::Map => {}
             Mode::InnerReduce(op) => {
                 if self.acc_s.is_none() {
                     self.acc_s = Some(b.declare_var(self.st.f));
-                    if self.plan.vector {
+                    if self.nest.vector {
                         self.acc_vec = (0..self.unroll).map(|_| b.declare_var(self.vt.f)).collect();
                     }
                 }
                 let s = self.identity(b, self.st, op);
                 b.def_var(self.acc_s.unwrap(), s);
-                if self.plan.vector {
+                if self.nest.vector {
                     let v = self.identity(b, self.vt, op);
                     for &a in &self.acc_vec {
                         b.def_var(a, v);
@@ -576,12 +576,12 @@ impl<'s> Gen<'s> {
                 }
             }
             Mode::OuterReduce(op) => {
-                let last = self.plan.dims.len() - 1;
+                let last = self.nest.dims.len() - 1;
                 let (start, stop) = self.range(b, last);
                 let out = outp[0];
                 let s = self.identity(b, self.st, op);
                 let mut i = start;
-                if self.plan.vector {
+                if self.nest.vector {
                     let v = self.identity(b, self.vt, op);
                     let step = self.vt.lanes as i64;
                     i = self.counted(b, i, stop, step, |g, b, i| {
@@ -600,11 +600,11 @@ impl<'s> Gen<'s> {
     /// After the reduced loops of an inner reduction: combine the
     /// accumulators in a fixed order and store.
     fn post_reduce(&mut self, b: &mut FunctionBuilder, outp: &[Value]) {
-        let Mode::InnerReduce(op) = self.plan.mode else {
+        let Mode::InnerReduce(op) = self.nest.mode else {
             return;
         };
         let mut s = b.use_var(self.acc_s.unwrap());
-        if self.plan.vector {
+        if self.nest.vector {
             let accs: Vec<Value> = self.acc_vec.iter().map(|&a| b.use_var(a)).collect();
             let mut e = E::new(b, self.vt, &self.calls);
             let mut v = accs[0];
@@ -626,12 +626,12 @@ impl<'s> Gen<'s> {
 
     /// The innermost loop.
     fn row(&mut self, b: &mut FunctionBuilder, inp: &[Value], outp: &[Value]) {
-        let last = self.plan.dims.len() - 1;
+        let last = self.nest.dims.len() - 1;
         let (start, stop) = self.range(b, last);
         // Inputs constant along the row: load at the row start.
         let mut row_const: Vec<Option<Pair>> = self.invariant.clone();
         for &j in &self.used {
-            if row_const[j].is_none() && self.plan.in_strides[j][last] == 0 {
+            if row_const[j].is_none() && self.nest.in_strides[j][last] == 0 {
                 row_const[j] = Some(self.load_invariant(b, inp[j]));
             }
         }
@@ -640,7 +640,7 @@ impl<'s> Gen<'s> {
             return;
         }
         let mut i = start;
-        if self.plan.vector {
+        if self.nest.vector {
             let lanes = self.vt.lanes as i64;
             let vt = self.vt;
             let unroll = self.unroll;
@@ -671,7 +671,7 @@ impl<'s> Gen<'s> {
     ) {
         use cranelift_codegen::ir::condcodes::IntCC;
         let ck = self.chunked.take().expect("a chunked row");
-        let last_dim = self.plan.dims.len() - 1;
+        let last_dim = self.nest.dims.len() - 1;
         let header = b.create_block();
         let i = b.append_block_param(header, types::I64);
         let blk = b.create_block();
@@ -698,7 +698,7 @@ impl<'s> Gen<'s> {
                 let src = match (ck.slot[a], self.spec.body[a]) {
                     (Some(p), _) => p,
                     (None, KExpr::Input(j)) => {
-                        self.offset(b, inp[j], i, self.plan.in_strides[j][last_dim])
+                        self.offset(b, inp[j], i, self.nest.in_strides[j][last_dim])
                     }
                     _ => unreachable!("a routine's argument is in memory"),
                 };
@@ -800,7 +800,7 @@ impl<'s> Gen<'s> {
         row_const: &[Option<Pair>],
     ) {
         let body = &self.spec.body;
-        let last_dim = self.plan.dims.len() - 1;
+        let last_dim = self.nest.dims.len() - 1;
         let gi = b.ins().iadd(base, j);
         let local = b.ins().ishl_imm_u(j, self.sh);
         // Per expression: its scratch address and, for inputs, where the
@@ -817,7 +817,7 @@ impl<'s> Gen<'s> {
             }
             if let KExpr::Input(x) = *e {
                 if row_const[x].is_none() {
-                    let stride = self.plan.in_strides[x][last_dim];
+                    let stride = self.nest.in_strides[x][last_dim];
                     in_addr[k] = Some(self.offset(b, inp[x], gi, stride));
                 }
             }
@@ -888,13 +888,13 @@ impl<'s> Gen<'s> {
         outp: &[Value],
         row_const: &[Option<Pair>],
     ) {
-        let last = self.plan.dims.len() - 1;
+        let last = self.nest.dims.len() - 1;
         let addrs: Vec<Option<Value>> = (0..inp.len())
             .map(|j| {
                 if row_const[j].is_some() || !self.used.contains(&j) {
                     None
                 } else {
-                    Some(self.offset(b, inp[j], i, self.plan.in_strides[j][last]))
+                    Some(self.offset(b, inp[j], i, self.nest.in_strides[j][last]))
                 }
             })
             .collect();
@@ -903,7 +903,7 @@ impl<'s> Gen<'s> {
         let out_addrs: Vec<Value> = outp
             .iter()
             .enumerate()
-            .map(|(k, &p)| match self.plan.mode {
+            .map(|(k, &p)| match self.nest.mode {
                 Mode::InnerReduce(_) if k == 0 => p,
                 Mode::InnerReduce(_) | Mode::OuterReduce(_) if k > 0 => {
                     self.offset(b, p, i, self.out_stride(k, last))
@@ -922,7 +922,7 @@ impl<'s> Gen<'s> {
                 })
                 .collect();
             let outs = self.eval(b, t, &vals);
-            match self.plan.mode {
+            match self.nest.mode {
                 Mode::Map => {
                     for (v, &a) in outs.iter().zip(&out_addrs) {
                         b.ins().store(self.flags, *v, a, off);

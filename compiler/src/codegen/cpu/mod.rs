@@ -52,10 +52,9 @@
 
 mod avx2;
 mod emit;
-mod libcalls;
+pub(crate) mod libcalls;
 mod math;
-mod plan;
-pub mod scalar;
+mod nest;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -67,7 +66,7 @@ use cranelift_jit::{JITBuilder, JITModule};
 use rayon::prelude::*;
 
 use super::kernel::{BinaryOp, KDType, KernelSpec, ReduceOp, SpecError, UnaryOp};
-use plan::{Mode, Plan};
+use nest::{LoopNest, Mode};
 
 /// The native entry point of a compiled kernel: `inputs` and `outputs`
 /// point to arrays of buffer pointers (in the spec's order); the function
@@ -213,7 +212,7 @@ mod private {
 }
 
 /// Owns the JIT memory of one kernel.
-struct Code(Option<JITModule>);
+pub(crate) struct Code(pub(crate) Option<JITModule>);
 
 // SAFETY: the module is never used after the function is finalized, except
 // to free its memory on drop, which needs exclusive access.
@@ -233,7 +232,7 @@ impl Drop for Code {
 /// A kernel compiled to native code.
 pub struct CompiledKernel {
     spec: KernelSpec,
-    plan: Option<Plan>,
+    nest: Option<LoopNest>,
     func: Option<KernelFn>,
     compile_time: Duration,
     code_size: usize,
@@ -263,7 +262,7 @@ fn isa() -> Result<OwnedTargetIsa, CodegenError> {
 
 /// The ISA for code with tail calls, which Cranelift implements with
 /// frame pointers.
-fn tail_call_isa() -> Result<OwnedTargetIsa, CodegenError> {
+pub(crate) fn tail_call_isa() -> Result<OwnedTargetIsa, CodegenError> {
     static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
     ISA.get_or_init(|| make_isa(true))
         .clone()
@@ -307,7 +306,7 @@ pub fn compile_with(
     if spec.num_elements() == 0 {
         return Ok(CompiledKernel {
             spec,
-            plan: None,
+            nest: None,
             func: None,
             compile_time: t0.elapsed(),
             code_size: 0,
@@ -318,7 +317,7 @@ pub fn compile_with(
             _code: Code(None),
         });
     }
-    let plan = Plan::new(&spec);
+    let nest = LoopNest::new(&spec);
     let isa = isa()?;
     let fma = options.fma.unwrap_or(true) && isa.has_native_fma();
     let mut builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
@@ -343,7 +342,7 @@ pub fn compile_with(
     let (id, code_size, disasm, chunked) = emit::define(
         &mut module,
         &spec,
-        &plan,
+        &nest,
         unroll,
         fma,
         use_avx2,
@@ -358,7 +357,7 @@ pub fn compile_with(
     let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) };
     Ok(CompiledKernel {
         spec,
-        plan: Some(plan),
+        nest: Some(nest),
         func: Some(func),
         compile_time: t0.elapsed(),
         code_size,
@@ -474,13 +473,13 @@ impl CompiledKernel {
 
     /// Whether the innermost loop is vectorised.
     pub fn is_vectorized(&self) -> bool {
-        self.plan.as_ref().is_some_and(|p| p.vector)
+        self.nest.as_ref().is_some_and(|p| p.vector)
     }
 
     /// Whether the kernel is a single flat loop (every input contiguous or
     /// a broadcast scalar, no reduction).
     pub fn is_flat(&self) -> bool {
-        self.plan
+        self.nest
             .as_ref()
             .is_some_and(|p| p.dims.len() == 1 && p.mode == Mode::Map)
     }
@@ -488,7 +487,7 @@ impl CompiledKernel {
     /// The extent of the parallel loop: the `[begin, end)` range a raw call
     /// may cover is within `0..outer_extent()` (0 for an empty kernel).
     pub fn outer_extent(&self) -> usize {
-        self.plan.as_ref().map_or(0, |p| p.par_extent())
+        self.nest.as_ref().map_or(0, |p| p.par_extent())
     }
 
     /// The native function, `None` for an empty iteration space.
@@ -547,7 +546,7 @@ impl CompiledKernel {
             ));
         }
         self.check::<T>(inputs, outputs.iter().map(|y| y.len()))?;
-        let Some((plan, func)) = self.plan.as_ref().zip(self.func) else {
+        let Some((nest, func)) = self.nest.as_ref().zip(self.func) else {
             // An empty iteration space: a reduction's outputs (over
             // nonempty kept dimensions) are its identity.
             if let Some(r) = &self.spec.reduce {
@@ -564,15 +563,15 @@ impl CompiledKernel {
             .iter_mut()
             .map(|y| y.as_mut_ptr() as *mut u8)
             .collect();
-        self.run_map(plan, func, in_ptrs(inputs), out_ptrs, Parallelism::Auto);
+        self.run_map(nest, func, in_ptrs(inputs), out_ptrs, Parallelism::Auto);
         Ok(())
     }
 
-    /// Whether this is a reduction whose plan splits the reduced loop
+    /// Whether this is a reduction whose nest splits the reduced loop
     /// across calls ([`CompiledKernel::raw`]'s exception): its output is
     /// combined from partial results.
     pub fn reduces_to_one(&self) -> bool {
-        self.plan.as_ref().is_some_and(|p| p.is_split())
+        self.nest.as_ref().is_some_and(|p| p.is_split())
     }
 
     /// Whether input `i` of a map kernel is read at the output's own index
@@ -621,7 +620,7 @@ impl CompiledKernel {
                 "in-place buffer has the wrong length".into(),
             ));
         }
-        let Some((plan, func)) = self.plan.as_ref().zip(self.func) else {
+        let Some((nest, func)) = self.nest.as_ref().zip(self.func) else {
             return Ok(());
         };
         let out = buf.as_mut_ptr() as *mut u8;
@@ -629,7 +628,7 @@ impl CompiledKernel {
         ins[alias] = out as *const u8;
         let mut out_ptrs = vec![out];
         out_ptrs.extend(others.iter_mut().map(|y| y.as_mut_ptr() as *mut u8));
-        self.run_map(plan, func, ins, out_ptrs, Parallelism::Auto);
+        self.run_map(nest, func, ins, out_ptrs, Parallelism::Auto);
         Ok(())
     }
 
@@ -689,7 +688,7 @@ impl CompiledKernel {
     ) -> Result<(), CodegenError> {
         let spec = &self.spec;
         self.check::<T>(inputs, outputs.iter().map(|y| y.len()))?;
-        let (Some(plan), Some(func)) = (&self.plan, self.func) else {
+        let (Some(nest), Some(func)) = (&self.nest, self.func) else {
             // An empty iteration space: reductions give their identity.
             if let Some(r) = &spec.reduce {
                 for y in outputs.iter_mut() {
@@ -698,14 +697,14 @@ impl CompiledKernel {
             }
             return Ok(());
         };
-        if plan.is_split() {
-            return self.run_split(plan, func, inputs, outputs, parallelism);
+        if nest.is_split() {
+            return self.run_split(nest, func, inputs, outputs, parallelism);
         }
         let out_ptrs = outputs
             .iter_mut()
             .map(|y| y.as_mut_ptr() as *mut u8)
             .collect();
-        self.run_map(plan, func, in_ptrs(inputs), out_ptrs, parallelism);
+        self.run_map(nest, func, in_ptrs(inputs), out_ptrs, parallelism);
         Ok(())
     }
 
@@ -713,7 +712,7 @@ impl CompiledKernel {
     /// with outputs at `out_ptrs` (checked by the caller).
     fn run_map(
         &self,
-        plan: &Plan,
+        nest: &LoopNest,
         func: KernelFn,
         in_ptrs: Vec<*const u8>,
         out_ptrs: Vec<*mut u8>,
@@ -724,7 +723,7 @@ impl CompiledKernel {
             inputs: in_ptrs,
             outputs: out_ptrs,
         };
-        let extent = plan.par_extent();
+        let extent = nest.par_extent();
         let chunks = match parallelism {
             Parallelism::Serial => 1,
             Parallelism::Chunks(n) => n.clamp(1, extent),
@@ -755,7 +754,7 @@ impl CompiledKernel {
         }
         // Chunk boundaries on multiples of 16 when the parallel loop is the
         // vectorised one, so that vector loops cover almost everything.
-        let align = if plan.par_dim == plan.dims.len() - 1 && plan.vector {
+        let align = if nest.par_dim == nest.dims.len() - 1 && nest.vector {
             16
         } else {
             1
@@ -774,17 +773,17 @@ impl CompiledKernel {
     /// results are combined in block order.
     fn run_split<T: KernelElem>(
         &self,
-        plan: &Plan,
+        nest: &LoopNest,
         func: KernelFn,
         inputs: &[&[T]],
         outputs: &mut [&mut [T]],
         parallelism: Parallelism,
     ) -> Result<(), CodegenError> {
-        let Mode::InnerReduce(op) = plan.mode else {
+        let Mode::InnerReduce(op) = nest.mode else {
             unreachable!("split plans are inner reductions")
         };
-        let extent = plan.par_extent();
-        let per = T::SPLIT_BLOCK.div_ceil(plan.inner_elements()).max(1);
+        let extent = nest.par_extent();
+        let per = T::SPLIT_BLOCK.div_ceil(nest.inner_elements()).max(1);
         let blocks = extent.div_ceil(per);
         let base = Ptrs {
             inputs: inputs.iter().map(|x| x.as_ptr() as *const u8).collect(),

@@ -19,6 +19,8 @@
 //! is the one a closure would have (parameters, then free variables), so
 //! nested closures made in a lifted graph capture from the same slots.
 
+mod moves;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -1077,7 +1079,7 @@ fn compile_graph(
     // Off, every value is kept until its function returns (to measure
     // what releasing them early saves).
     if ex.release_early {
-        crate::plan::move_last_uses(&mut code);
+        moves::move_last_uses(&mut code);
     }
     Ok(code)
 }

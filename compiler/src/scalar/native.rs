@@ -31,10 +31,10 @@ use cranelift_module::{FuncId, Linkage, Module};
 
 use adjoint_runtime::error::RtError;
 
-use super::libcalls::*;
-use super::{tail_call_isa, Code, CodegenError};
-use crate::codegen::scalar::{
-    SBinary, SCall, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
+use crate::codegen::cpu::libcalls::*;
+use crate::codegen::cpu::{tail_call_isa, Code, CodegenError};
+use crate::scalar::{
+    SBinary, SCall, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
 };
 
 /// The trampoline's signature (`tape` is null for programs without tape
@@ -481,7 +481,6 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
 
     let mut ctx = module.make_context();
     let mut fbc = FunctionBuilderContext::new();
-    let flag_addr = adjoint_runtime::vm::interrupt_flag_address() as i64;
     for (i, f) in program.funcs.iter().enumerate() {
         ctx.func.signature = module
             .declarations()
@@ -499,227 +498,15 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
                 .map(|(im, id)| (*im, module.declare_func_in_func(*id, b.func)))
                 .collect();
             let grow = grow_id.map(|id| module.declare_func_in_func(id, b.func));
-            let entry = b.create_block();
-            b.append_block_params_for_function_params(entry);
-            b.switch_to_block(entry);
-            let mut vals: Vec<Value> = b.block_params(entry).to_vec();
-            // The tape pointer, passed on to every call.
-            let tp: Option<Value> = has_ctx.then(|| vals.remove(0));
-            // The loop header: tail calls of the function itself jump here.
-            let header = b.create_block();
-            for t in &f.params {
-                b.append_block_param(header, clif_type(*t));
-            }
-            let args: Vec<BlockArg> = vals.iter().map(|v| (*v).into()).collect();
-            b.ins().jump(header, &args);
-            b.switch_to_block(header);
-            let mut vals: Vec<Value> = b.block_params(header).to_vec();
-            let with_tape =
-                |args: Vec<Value>| -> Vec<Value> { tp.into_iter().chain(args).collect() };
-            // The interrupt check: return zeros when the flag is set.
-            let stop = b.create_block();
-            let go = b.create_block();
-            let addr = b.ins().iconst(ptr, flag_addr);
-            let flag = b
-                .ins()
-                .load(types::I8, MemFlagsData::new().with_notrap(), addr, 0);
-            b.ins().brif(flag, stop, &[], go, &[]);
-            b.switch_to_block(stop);
-            let zeros: Vec<Value> = f.results.iter().map(|t| zero(&mut b, *t)).collect();
-            b.ins().return_(&zeros);
-            b.switch_to_block(go);
-
-            let tys = f.value_types();
-            for inst in &f.body {
-                let v = |x: &SVal| vals[x.0 as usize];
-                let ty = |x: &SVal| tys[x.0 as usize];
-                let out: Vec<Value> = match &inst.op {
-                    SOp::Const(c) => vec![constant(&mut b, *c)],
-                    SOp::Unary(op, x) => {
-                        let t = ty(x);
-                        let r = match calls.get(&Import::Unary(*op, t)) {
-                            Some(fr) => {
-                                let call = b.ins().call(*fr, &[v(x)]);
-                                b.inst_results(call)[0]
-                            }
-                            None => unary_inline(&mut b, *op, t, v(x)),
-                        };
-                        vec![r]
-                    }
-                    SOp::Binary(SBinary::Pow, x, y) if ty(x) == SType::I64 => {
-                        // A negative exponent stops the program with a
-                        // fault; the others call the runtime's power.
-                        let tp = tp.expect("programs that may fault have the pointer");
-                        let neg = b.ins().icmp_imm_s(IntCC::SignedLessThan, v(y), 0);
-                        let fault = Fault {
-                            code: NEGATIVE_POWER,
-                            detail: Some(v(y)),
-                            site: inst.site,
-                        };
-                        fault_if(&mut b, neg, tp, fault, stop);
-                        let fr = calls[&Import::Binary(SBinary::Pow, SType::I64)];
-                        let call = b.ins().call(fr, &[v(x), v(y)]);
-                        vec![b.inst_results(call)[0]]
-                    }
-                    SOp::Binary(op @ (SBinary::Div | SBinary::Rem), x, y)
-                        if ty(x) == SType::I64 =>
-                    {
-                        // Zero stops the program with a fault; -1 is
-                        // handled apart (`MIN / -1` wraps, as in the
-                        // runtime, where the machine would trap).
-                        let tp = tp.expect("programs that may fault have the pointer");
-                        let zero = b.ins().icmp_imm_s(IntCC::Equal, v(y), 0);
-                        let code = if *op == SBinary::Div {
-                            DIV_BY_ZERO
-                        } else {
-                            REM_BY_ZERO
-                        };
-                        let fault = Fault {
-                            code,
-                            detail: None,
-                            site: inst.site,
-                        };
-                        fault_if(&mut b, zero, tp, fault, stop);
-                        let minus_one = b.ins().icmp_imm_s(IntCC::Equal, v(y), -1);
-                        let one = b.ins().iconst(types::I64, 1);
-                        let d = b.ins().select(minus_one, one, v(y));
-                        let r = if *op == SBinary::Div {
-                            let q = b.ins().sdiv(v(x), d);
-                            let n = b.ins().ineg(v(x));
-                            b.ins().select(minus_one, n, q)
-                        } else {
-                            let r = b.ins().srem(v(x), d);
-                            let z = b.ins().iconst(types::I64, 0);
-                            b.ins().select(minus_one, z, r)
-                        };
-                        vec![r]
-                    }
-                    SOp::Binary(op, x, y) => {
-                        let t = ty(x);
-                        let r = match calls.get(&Import::Binary(*op, t)) {
-                            Some(fr) => {
-                                let call = b.ins().call(*fr, &[v(x), v(y)]);
-                                b.inst_results(call)[0]
-                            }
-                            None => binary_inline(&mut b, *op, t, v(x), v(y)),
-                        };
-                        vec![r]
-                    }
-                    SOp::Cast(x) => vec![cast(&mut b, ty(x), inst.results[0], v(x))],
-                    SOp::Select(c, x, y) => vec![b.ins().select(v(c), v(x), v(y))],
-                    SOp::Call(c) => {
-                        let args = with_tape(c.args.iter().map(v).collect());
-                        let call = b.ins().call(funcs[c.func.0 as usize], &args);
-                        let rs = b.inst_results(call).to_vec();
-                        if may_fault {
-                            stop_on_fault(&mut b, tp, stop);
-                        }
-                        rs
-                    }
-                    SOp::Push(xs) => {
-                        let tp = tp.expect("tape programs have the tape pointer");
-                        let grow = grow.expect("tape programs import the grower");
-                        let flags = MemFlagsData::new().with_notrap().with_aligned();
-                        let n = xs.len() as i64;
-                        let len = b.ins().load(types::I64, flags, tp, 8);
-                        let cap = b.ins().load(types::I64, flags, tp, 16);
-                        let need = b.ins().iadd_imm_s(len, n);
-                        let over = b.ins().icmp(IntCC::UnsignedGreaterThan, need, cap);
-                        let (grow_blk, store_blk) = (b.create_block(), b.create_block());
-                        b.set_cold_block(grow_blk);
-                        b.ins().brif(over, grow_blk, &[], store_blk, &[]);
-                        b.switch_to_block(grow_blk);
-                        let nv = b.ins().iconst(types::I64, n);
-                        let gc = b.ins().call(grow, &[tp, nv]);
-                        let ok = b.inst_results(gc)[0];
-                        b.ins().brif(ok, store_blk, &[], stop, &[]);
-                        b.switch_to_block(store_blk);
-                        let base = b.ins().load(ptr, flags, tp, 0);
-                        let off = b.ins().ishl_imm_u(len, 3);
-                        let at = b.ins().iadd(base, off);
-                        for (k, x) in xs.iter().enumerate() {
-                            let slot = to_slot(&mut b, tys[x.0 as usize], v(x));
-                            b.ins().store(flags, slot, at, (8 * k) as i32);
-                        }
-                        b.ins().store(flags, need, tp, 8);
-                        Vec::new()
-                    }
-                    SOp::Pop => {
-                        let tp = tp.expect("tape programs have the tape pointer");
-                        let flags = MemFlagsData::new().with_notrap().with_aligned();
-                        let n = inst.results.len() as i64;
-                        let len = b.ins().load(types::I64, flags, tp, 8);
-                        let under = b.ins().icmp_imm_s(IntCC::UnsignedLessThan, len, n);
-                        let fault = Fault {
-                            code: TAPE_UNDERFLOW,
-                            detail: None,
-                            site: None,
-                        };
-                        fault_if(&mut b, under, tp, fault, stop);
-                        let rest = b.ins().iadd_imm_s(len, -n);
-                        b.ins().store(flags, rest, tp, 8);
-                        let base = b.ins().load(ptr, flags, tp, 0);
-                        let off = b.ins().ishl_imm_u(rest, 3);
-                        let at = b.ins().iadd(base, off);
-                        inst.results
-                            .iter()
-                            .enumerate()
-                            .map(|(k, t)| {
-                                let slot = b.ins().load(types::I64, flags, at, (8 * k) as i32);
-                                from_slot(&mut b, *t, slot)
-                            })
-                            .collect()
-                    }
-                    SOp::CallIf(c, x, y) => {
-                        let (bx, by, join) = (b.create_block(), b.create_block(), b.create_block());
-                        for t in &inst.results {
-                            b.append_block_param(join, clif_type(*t));
-                        }
-                        b.ins().brif(v(c), bx, &[], by, &[]);
-                        for (blk, call) in [(bx, x), (by, y)] {
-                            b.switch_to_block(blk);
-                            let args = with_tape(call.args.iter().map(v).collect());
-                            let ci = b.ins().call(funcs[call.func.0 as usize], &args);
-                            let rs: Vec<BlockArg> =
-                                b.inst_results(ci).iter().map(|r| (*r).into()).collect();
-                            b.ins().jump(join, &rs);
-                        }
-                        b.switch_to_block(join);
-                        let rs = b.block_params(join).to_vec();
-                        if may_fault {
-                            stop_on_fault(&mut b, tp, stop);
-                        }
-                        rs
-                    }
-                };
-                vals.extend(out);
-            }
-            let v = |x: &SVal| vals[x.0 as usize];
-            let tail = |b: &mut FunctionBuilder, c: &SCall| {
-                if c.func.0 as usize == i {
-                    let args: Vec<BlockArg> = c.args.iter().map(|x| v(x).into()).collect();
-                    b.ins().jump(header, &args);
-                } else {
-                    let args = with_tape(c.args.iter().map(v).collect());
-                    b.ins().return_call(funcs[c.func.0 as usize], &args);
-                }
+            let fx = FnEmitter {
+                funcs: &funcs,
+                calls: &calls,
+                grow,
+                may_fault,
+                has_ctx,
+                ptr,
             };
-            match &f.term {
-                STerm::Return(vs) => {
-                    let rs: Vec<Value> = vs.iter().map(v).collect();
-                    b.ins().return_(&rs);
-                }
-                STerm::TailCall(c) => tail(&mut b, c),
-                STerm::TailCallIf(c, x, y) => {
-                    let (bx, by) = (b.create_block(), b.create_block());
-                    b.ins().brif(v(c), bx, &[], by, &[]);
-                    b.switch_to_block(bx);
-                    tail(&mut b, x);
-                    b.switch_to_block(by);
-                    tail(&mut b, y);
-                }
-            }
-            b.seal_all_blocks();
+            fx.function(&mut b, i, f);
             b.finalize(module.target_config());
         }
         module
@@ -727,8 +514,36 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
             .map_err(|e| CodegenError::Backend(format!("{e:?}")))?;
         module.clear_context(&mut ctx);
     }
+    let tramp = define_trampoline(&mut module, &mut ctx, &mut fbc, ids[0], program, has_ctx)?;
+    module.finalize_definitions().map_err(|e| err(&e))?;
+    let ptr = module.get_finalized_function(tramp);
+    // SAFETY: the trampoline was defined with the `Trampoline` signature.
+    let func = unsafe { std::mem::transmute::<*const u8, Trampoline>(ptr) };
+    Ok(CompiledScalar {
+        pushes: original
+            .funcs
+            .iter()
+            .any(|f| f.body.iter().any(|i| matches!(i.op, SOp::Push(_)))),
+        program: original.clone(),
+        func,
+        compile_time: t0.elapsed(),
+        _code: Code(Some(module)),
+    })
+}
 
-    // The trampoline.
+/// Defines the trampoline, which calls the entry function (`entry`) with
+/// the platform's calling convention: arguments and results in arrays of
+/// 8-byte slots, then the tape pointer.
+fn define_trampoline(
+    module: &mut JITModule,
+    ctx: &mut cranelift_codegen::Context,
+    fbc: &mut FunctionBuilderContext,
+    entry: FuncId,
+    program: &ScalarProgram,
+    has_ctx: bool,
+) -> Result<FuncId, CodegenError> {
+    let err = |e: &dyn std::fmt::Display| CodegenError::Backend(e.to_string());
+    let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     sig.params.push(AbiParam::new(ptr));
     sig.params.push(AbiParam::new(ptr));
@@ -738,8 +553,8 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
         .map_err(|e| err(&e))?;
     ctx.func.signature = sig;
     {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
-        let entry_ref = module.declare_func_in_func(ids[0], b.func);
+        let mut b = FunctionBuilder::new(&mut ctx.func, fbc);
+        let entry_ref = module.declare_func_in_func(entry, b.func);
         let blk = b.create_block();
         b.append_block_params_for_function_params(blk);
         b.switch_to_block(blk);
@@ -766,23 +581,285 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
         b.finalize(module.target_config());
     }
     module
-        .define_function(tramp, &mut ctx)
+        .define_function(tramp, ctx)
         .map_err(|e| CodegenError::Backend(format!("{e:?}")))?;
-    module.clear_context(&mut ctx);
-    module.finalize_definitions().map_err(|e| err(&e))?;
-    let ptr = module.get_finalized_function(tramp);
-    // SAFETY: the trampoline was defined with the `Trampoline` signature.
-    let func = unsafe { std::mem::transmute::<*const u8, Trampoline>(ptr) };
-    Ok(CompiledScalar {
-        pushes: original
-            .funcs
-            .iter()
-            .any(|f| f.body.iter().any(|i| matches!(i.op, SOp::Push(_)))),
-        program: original.clone(),
-        func,
-        compile_time: t0.elapsed(),
-        _code: Code(Some(module)),
-    })
+    module.clear_context(ctx);
+    Ok(tramp)
+}
+
+/// What the code of every function of a program refers to: the
+/// functions, the runtime's functions it imports, and how calls pass the
+/// tape pointer.
+struct FnEmitter<'a> {
+    funcs: &'a [FuncRef],
+    calls: &'a HashMap<Import, FuncRef>,
+    /// The tape grower, for programs with tape operations.
+    grow: Option<FuncRef>,
+    /// Whether the program may raise a fault (then every call is followed
+    /// by a check).
+    may_fault: bool,
+    /// Whether functions take the tape pointer first.
+    has_ctx: bool,
+    ptr: Type,
+}
+
+/// The blocks and values of the function being emitted that its
+/// instructions need.
+struct FnState {
+    /// The tape pointer, passed on to every call.
+    tp: Option<Value>,
+    /// Where the function returns zeros (an interrupt or a fault).
+    stop: cranelift_codegen::ir::Block,
+}
+
+impl FnEmitter<'_> {
+    /// The code of function `i`, `f`: its entry, a loop header that tail
+    /// calls of `f` itself jump to, the interrupt check, the body, and the
+    /// terminator.
+    fn function(&self, b: &mut FunctionBuilder, i: usize, f: &crate::scalar::SFunc) {
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let mut vals: Vec<Value> = b.block_params(entry).to_vec();
+        let tp: Option<Value> = self.has_ctx.then(|| vals.remove(0));
+        let header = b.create_block();
+        for t in &f.params {
+            b.append_block_param(header, clif_type(*t));
+        }
+        let args: Vec<BlockArg> = vals.iter().map(|v| (*v).into()).collect();
+        b.ins().jump(header, &args);
+        b.switch_to_block(header);
+        let mut vals: Vec<Value> = b.block_params(header).to_vec();
+        // The interrupt check: return zeros when the flag is set.
+        let flag_addr = adjoint_runtime::vm::interrupt_flag_address() as i64;
+        let stop = b.create_block();
+        let go = b.create_block();
+        let addr = b.ins().iconst(self.ptr, flag_addr);
+        let flag = b
+            .ins()
+            .load(types::I8, MemFlagsData::new().with_notrap(), addr, 0);
+        b.ins().brif(flag, stop, &[], go, &[]);
+        b.switch_to_block(stop);
+        let zeros: Vec<Value> = f.results.iter().map(|t| zero(b, *t)).collect();
+        b.ins().return_(&zeros);
+        b.switch_to_block(go);
+        let st = FnState { tp, stop };
+        let tys = f.value_types();
+        for inst in &f.body {
+            let out = self.inst(b, &st, inst, &vals, &tys);
+            vals.extend(out);
+        }
+        let v = |x: &SVal| vals[x.0 as usize];
+        let tail = |b: &mut FunctionBuilder, c: &SCall| {
+            if c.func.0 as usize == i {
+                let args: Vec<BlockArg> = c.args.iter().map(|x| v(x).into()).collect();
+                b.ins().jump(header, &args);
+            } else {
+                let args = self.with_tape(&st, c.args.iter().map(v).collect());
+                b.ins().return_call(self.funcs[c.func.0 as usize], &args);
+            }
+        };
+        match &f.term {
+            STerm::Return(vs) => {
+                let rs: Vec<Value> = vs.iter().map(v).collect();
+                b.ins().return_(&rs);
+            }
+            STerm::TailCall(c) => tail(b, c),
+            STerm::TailCallIf(c, x, y) => {
+                let (bx, by) = (b.create_block(), b.create_block());
+                b.ins().brif(v(c), bx, &[], by, &[]);
+                b.switch_to_block(bx);
+                tail(b, x);
+                b.switch_to_block(by);
+                tail(b, y);
+            }
+        }
+        b.seal_all_blocks();
+    }
+
+    /// `args` with the tape pointer first, when functions take it.
+    fn with_tape(&self, st: &FnState, args: Vec<Value>) -> Vec<Value> {
+        st.tp.into_iter().chain(args).collect()
+    }
+
+    /// The code of one instruction; returns its results.
+    fn inst(
+        &self,
+        b: &mut FunctionBuilder,
+        st: &FnState,
+        inst: &SInst,
+        vals: &[Value],
+        tys: &[SType],
+    ) -> Vec<Value> {
+        let v = |x: &SVal| vals[x.0 as usize];
+        let ty = |x: &SVal| tys[x.0 as usize];
+        let (tp, stop, calls, funcs, may_fault, ptr) = (
+            st.tp,
+            st.stop,
+            self.calls,
+            self.funcs,
+            self.may_fault,
+            self.ptr,
+        );
+        let with_tape = |args: Vec<Value>| self.with_tape(st, args);
+        match &inst.op {
+            SOp::Const(c) => vec![constant(b, *c)],
+            SOp::Unary(op, x) => {
+                let t = ty(x);
+                let r = match calls.get(&Import::Unary(*op, t)) {
+                    Some(fr) => {
+                        let call = b.ins().call(*fr, &[v(x)]);
+                        b.inst_results(call)[0]
+                    }
+                    None => unary_inline(b, *op, t, v(x)),
+                };
+                vec![r]
+            }
+            SOp::Binary(SBinary::Pow, x, y) if ty(x) == SType::I64 => {
+                // A negative exponent stops the program with a
+                // fault; the others call the runtime's power.
+                let tp = tp.expect("programs that may fault have the pointer");
+                let neg = b.ins().icmp_imm_s(IntCC::SignedLessThan, v(y), 0);
+                let fault = Fault {
+                    code: NEGATIVE_POWER,
+                    detail: Some(v(y)),
+                    site: inst.site,
+                };
+                fault_if(b, neg, tp, fault, stop);
+                let fr = calls[&Import::Binary(SBinary::Pow, SType::I64)];
+                let call = b.ins().call(fr, &[v(x), v(y)]);
+                vec![b.inst_results(call)[0]]
+            }
+            SOp::Binary(op @ (SBinary::Div | SBinary::Rem), x, y) if ty(x) == SType::I64 => {
+                // Zero stops the program with a fault; -1 is
+                // handled apart (`MIN / -1` wraps, as in the
+                // runtime, where the machine would trap).
+                let tp = tp.expect("programs that may fault have the pointer");
+                let zero = b.ins().icmp_imm_s(IntCC::Equal, v(y), 0);
+                let code = if *op == SBinary::Div {
+                    DIV_BY_ZERO
+                } else {
+                    REM_BY_ZERO
+                };
+                let fault = Fault {
+                    code,
+                    detail: None,
+                    site: inst.site,
+                };
+                fault_if(b, zero, tp, fault, stop);
+                let minus_one = b.ins().icmp_imm_s(IntCC::Equal, v(y), -1);
+                let one = b.ins().iconst(types::I64, 1);
+                let d = b.ins().select(minus_one, one, v(y));
+                let r = if *op == SBinary::Div {
+                    let q = b.ins().sdiv(v(x), d);
+                    let n = b.ins().ineg(v(x));
+                    b.ins().select(minus_one, n, q)
+                } else {
+                    let r = b.ins().srem(v(x), d);
+                    let z = b.ins().iconst(types::I64, 0);
+                    b.ins().select(minus_one, z, r)
+                };
+                vec![r]
+            }
+            SOp::Binary(op, x, y) => {
+                let t = ty(x);
+                let r = match calls.get(&Import::Binary(*op, t)) {
+                    Some(fr) => {
+                        let call = b.ins().call(*fr, &[v(x), v(y)]);
+                        b.inst_results(call)[0]
+                    }
+                    None => binary_inline(b, *op, t, v(x), v(y)),
+                };
+                vec![r]
+            }
+            SOp::Cast(x) => vec![cast(b, ty(x), inst.results[0], v(x))],
+            SOp::Select(c, x, y) => vec![b.ins().select(v(c), v(x), v(y))],
+            SOp::Call(c) => {
+                let args = with_tape(c.args.iter().map(v).collect());
+                let call = b.ins().call(funcs[c.func.0 as usize], &args);
+                let rs = b.inst_results(call).to_vec();
+                if may_fault {
+                    stop_on_fault(b, tp, stop);
+                }
+                rs
+            }
+            SOp::Push(xs) => {
+                let tp = tp.expect("tape programs have the tape pointer");
+                let grow = self.grow.expect("tape programs import the grower");
+                let flags = MemFlagsData::new().with_notrap().with_aligned();
+                let n = xs.len() as i64;
+                let len = b.ins().load(types::I64, flags, tp, 8);
+                let cap = b.ins().load(types::I64, flags, tp, 16);
+                let need = b.ins().iadd_imm_s(len, n);
+                let over = b.ins().icmp(IntCC::UnsignedGreaterThan, need, cap);
+                let (grow_blk, store_blk) = (b.create_block(), b.create_block());
+                b.set_cold_block(grow_blk);
+                b.ins().brif(over, grow_blk, &[], store_blk, &[]);
+                b.switch_to_block(grow_blk);
+                let nv = b.ins().iconst(types::I64, n);
+                let gc = b.ins().call(grow, &[tp, nv]);
+                let ok = b.inst_results(gc)[0];
+                b.ins().brif(ok, store_blk, &[], stop, &[]);
+                b.switch_to_block(store_blk);
+                let base = b.ins().load(ptr, flags, tp, 0);
+                let off = b.ins().ishl_imm_u(len, 3);
+                let at = b.ins().iadd(base, off);
+                for (k, x) in xs.iter().enumerate() {
+                    let slot = to_slot(b, tys[x.0 as usize], v(x));
+                    b.ins().store(flags, slot, at, (8 * k) as i32);
+                }
+                b.ins().store(flags, need, tp, 8);
+                Vec::new()
+            }
+            SOp::Pop => {
+                let tp = tp.expect("tape programs have the tape pointer");
+                let flags = MemFlagsData::new().with_notrap().with_aligned();
+                let n = inst.results.len() as i64;
+                let len = b.ins().load(types::I64, flags, tp, 8);
+                let under = b.ins().icmp_imm_s(IntCC::UnsignedLessThan, len, n);
+                let fault = Fault {
+                    code: TAPE_UNDERFLOW,
+                    detail: None,
+                    site: None,
+                };
+                fault_if(b, under, tp, fault, stop);
+                let rest = b.ins().iadd_imm_s(len, -n);
+                b.ins().store(flags, rest, tp, 8);
+                let base = b.ins().load(ptr, flags, tp, 0);
+                let off = b.ins().ishl_imm_u(rest, 3);
+                let at = b.ins().iadd(base, off);
+                inst.results
+                    .iter()
+                    .enumerate()
+                    .map(|(k, t)| {
+                        let slot = b.ins().load(types::I64, flags, at, (8 * k) as i32);
+                        from_slot(b, *t, slot)
+                    })
+                    .collect()
+            }
+            SOp::CallIf(c, x, y) => {
+                let (bx, by, join) = (b.create_block(), b.create_block(), b.create_block());
+                for t in &inst.results {
+                    b.append_block_param(join, clif_type(*t));
+                }
+                b.ins().brif(v(c), bx, &[], by, &[]);
+                for (blk, call) in [(bx, x), (by, y)] {
+                    b.switch_to_block(blk);
+                    let args = with_tape(call.args.iter().map(v).collect());
+                    let ci = b.ins().call(funcs[call.func.0 as usize], &args);
+                    let rs: Vec<BlockArg> =
+                        b.inst_results(ci).iter().map(|r| (*r).into()).collect();
+                    b.ins().jump(join, &rs);
+                }
+                b.switch_to_block(join);
+                let rs = b.block_params(join).to_vec();
+                if may_fault {
+                    stop_on_fault(b, tp, stop);
+                }
+                rs
+            }
+        }
+    }
 }
 
 /// A fault to raise: its code, what describes it (a negative exponent)

@@ -1,9 +1,11 @@
-//! Scalar programs: loops and recursion over scalars, as native functions.
+//! The scalar compiler: loops and recursion over scalars, as native
+//! functions. This module holds the programs and their reference
+//! interpreter; [`ad`] reverses them, [`native`] compiles them.
 //!
 //! A [`ScalarProgram`] is a set of first-order functions whose values are
-//! 0-d numbers and bools. Fusion (`fuse::scalar`) builds one from a family
+//! 0-d numbers and bools. Fusion (`fuse::regions`) builds one from a family
 //! of graphs that inference types as scalars throughout (a loop's header,
-//! body and exit, the `if`s in them, the graphs they call); [`cpu`]
+//! body and exit, the `if`s in them, the graphs they call); [`native`]
 //! compiles it with Cranelift, every function a native function and every
 //! tail call a native tail call, so a loop of 10^6 iterations runs as a
 //! machine loop in constant stack with no allocation.
@@ -14,8 +16,9 @@
 //! scalar functions. Operations that can fail at run time (integer
 //! division, integer powers) are not part of the language of this module;
 //! code using them stays with the VM.
-//!
-//! [`cpu`]: crate::codegen::cpu::scalar
+
+pub mod ad;
+pub mod native;
 
 use std::fmt;
 
@@ -434,7 +437,7 @@ pub enum SOp {
     /// One of two calls of functions with the same result types.
     CallIf(SVal, SCall, SCall),
     /// Appends the values to the program's tape, 8 bytes each (reverse
-    /// mode's record of a forward pass, [`crate::codegen::scalar_ad`]);
+    /// mode's record of a forward pass, [`crate::scalar::ad`]);
     /// no results.
     Push(Vec<SVal>),
     /// Removes the last `results.len()` values from the tape and gives
@@ -953,7 +956,7 @@ impl fmt::Display for ScalarProgram {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::codegen::cpu::scalar::compile_scalar;
+    use crate::scalar::native::compile_scalar;
     use proptest::prelude::*;
 
     fn inst(op: SOp, t: SType) -> SInst {
@@ -1043,7 +1046,7 @@ pub(crate) mod tests {
 
     #[test]
     fn equal_programs_share_their_code() {
-        use crate::codegen::cpu::scalar::compile_scalar_cached;
+        use crate::scalar::native::compile_scalar_cached;
         let a = compile_scalar_cached(&iterate()).unwrap();
         let b = compile_scalar_cached(&iterate()).unwrap();
         assert!(std::sync::Arc::ptr_eq(&a, &b));

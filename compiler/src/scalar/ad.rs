@@ -31,7 +31,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::scalar::*;
+use super::*;
+use crate::prim::Prim;
 use crate::rule::{self, Rule, RuleExpr};
 
 /// The tag pushed before a non-tail call (function tags are indices).
@@ -94,7 +95,7 @@ fn saved(op: &SOp) -> bool {
 /// ([`crate::rule`]); `None` for an operand whose cotangent is zero.
 fn table_rule(
     fb: &mut Fb,
-    p: crate::prim::Prim,
+    p: Prim,
     args: &[SVal],
     out: SVal,
     d: SVal,
@@ -172,7 +173,7 @@ fn emit_rule(fb: &mut Fb, e: &RuleExpr, env: &RuleEnv, t: SType) -> Result<SVal,
             ("zeros_like", [_]) => fb.konst(zero_of(t)),
             ("ones_like", [_]) => fb.konst(float_const(t, 1.0)),
             (f, [a]) => {
-                let op = crate::prim::Prim::from_name(f)
+                let op = Prim::from_name(f)
                     .and_then(SUnary::of_prim)
                     .ok_or_else(|| format!("{f} has no scalar operation"))?;
                 let a = emit_rule(fb, a, env, t)?;
@@ -657,14 +658,65 @@ impl Rev<'_> {
         }
     }
 
-    /// The reverse of function `k` for activations that ended with `exit`.
+    /// The reverse of function `k` for activations that ended with `exit`:
+    /// the activation's values again ([`Rev::replay`]), the cotangents
+    /// received seeded onto what it passed on ([`Rev::seed_exit`]), its
+    /// instructions in reverse ([`Rev::rev_call`], [`rev_op`]), then the
+    /// dispatch to the activation before it.
     fn rev(&mut self, k: u32, exit: Exit) -> Result<SFunc, String> {
         let p = self.p;
         let f = &p.funcs[k as usize];
         let dtys = self.exit_types(k, exit);
         let mut fb = Fb::new(dtys.clone());
         let tys = f.value_types();
-        // The record, then the cheap values again.
+        let map = self.replay(&mut fb, k, &tys);
+        let mut adj: HashMap<u32, SVal> = HashMap::new();
+        let d: Vec<SVal> = (0..dtys.len() as u32).map(SVal).collect();
+        self.seed_exit(&mut fb, &mut adj, f, exit, &map, &tys, &d)?;
+        let mut starts = Vec::with_capacity(f.body.len());
+        let mut next = f.params.len() as u32;
+        for inst in &f.body {
+            starts.push(next);
+            next += inst.results.len() as u32;
+        }
+        for (inst, &r0) in f.body.iter().zip(&starts).rev() {
+            if let SOp::Call(_) | SOp::CallIf(..) = &inst.op {
+                self.rev_call(&mut fb, &mut adj, f, inst, r0, &map, &tys)?;
+                continue;
+            }
+            let r = SVal(r0);
+            let Some(&dr) = adj.get(&r.0) else {
+                continue;
+            };
+            if tys[r.0 as usize].is_float() {
+                rev_op(&mut fb, &mut adj, &inst.op, r, dr, &map, &tys)
+                    .map_err(|e| format!("{}: {e}", f.name))?;
+            }
+        }
+        let mut cot = Vec::new();
+        for (i, t) in f.params.iter().enumerate() {
+            if t.is_float() {
+                cot.push(match adj.get(&(i as u32)) {
+                    Some(x) => *x,
+                    None => fb.konst(zero_of(*t)),
+                });
+            }
+        }
+        let name = match exit {
+            Exit::Return => format!("{} (reverse)", f.name),
+            Exit::TailCall(c) => format!("{} (reverse, from {})", f.name, p.funcs[c as usize].name),
+        };
+        let results = self.ce(k)?;
+        let term = self.dispatch(&mut fb, &Key::Pred(k), cot, &results)?;
+        Ok(fb.finish(name, results, term))
+    }
+
+    /// The values of an activation of function `k` in the reverse
+    /// function being built: the record popped from the tape (the
+    /// parameters and the saved results), the cheap values recomputed.
+    /// Returns the map from `k`'s values to `fb`'s.
+    fn replay(&self, fb: &mut Fb, k: u32, tys: &[SType]) -> Vec<SVal> {
+        let f = &self.p.funcs[k as usize];
         let rec_tys: Vec<SType> = self.record[k as usize]
             .iter()
             .map(|v| tys[v.0 as usize])
@@ -686,24 +738,33 @@ impl Rev<'_> {
                 map.extend(rs);
             }
         }
-        let mut adj: HashMap<u32, SVal> = HashMap::new();
-        // The cotangents received, onto the values the activation passed on.
-        let d: Vec<SVal> = (0..dtys.len() as u32).map(SVal).collect();
-        let seed_args = |args: &[SVal]| -> Vec<SVal> {
-            args.iter()
-                .copied()
-                .filter(|a| tys[a.0 as usize].is_float())
-                .collect()
-        };
+        map
+    }
+
+    /// Adds the cotangents `d` the reverse function receives to the
+    /// values the activation passed on where it ended (`exit`): its
+    /// results, or the arguments of its tail call.
+    #[allow(clippy::too_many_arguments)]
+    fn seed_exit(
+        &self,
+        fb: &mut Fb,
+        adj: &mut HashMap<u32, SVal>,
+        f: &SFunc,
+        exit: Exit,
+        map: &[SVal],
+        tys: &[SType],
+        d: &[SVal],
+    ) -> Result<(), String> {
+        let floats = |args: &[SVal]| -> Vec<SVal> { float_args(args, tys) };
         match (&f.term, exit) {
             (STerm::Return(vs), Exit::Return) => {
-                for (v, dv) in seed_args(vs).into_iter().zip(&d) {
-                    acc(&mut fb, &mut adj, v, *dv);
+                for (v, dv) in floats(vs).into_iter().zip(d) {
+                    acc(fb, adj, v, *dv);
                 }
             }
             (STerm::TailCall(c), Exit::TailCall(_)) => {
-                for (v, dv) in seed_args(&c.args).into_iter().zip(&d) {
-                    acc(&mut fb, &mut adj, v, *dv);
+                for (v, dv) in floats(&c.args).into_iter().zip(d) {
+                    acc(fb, adj, v, *dv);
                 }
             }
             (STerm::TailCallIf(cond, a, b), Exit::TailCall(callee)) => {
@@ -713,154 +774,138 @@ impl Rev<'_> {
                     if branch.func.0 != callee {
                         continue;
                     }
-                    for (v, dv) in seed_args(&branch.args).into_iter().zip(&d) {
+                    for (v, dv) in floats(&branch.args).into_iter().zip(d) {
                         let dv = if both {
-                            guard(&mut fb, c, *dv, first, tys[v.0 as usize])
+                            guard(fb, c, *dv, first, tys[v.0 as usize])
                         } else {
                             *dv
                         };
-                        acc(&mut fb, &mut adj, v, dv);
+                        acc(fb, adj, v, dv);
                     }
                 }
             }
             _ => return Err(format!("{}: no such exit {exit:?}", f.name)),
         }
-        // The instructions in reverse.
-        let mut starts = Vec::with_capacity(f.body.len());
-        let mut next = f.params.len() as u32;
-        for inst in &f.body {
-            starts.push(next);
-            next += inst.results.len() as u32;
-        }
-        for (inst, &r0) in f.body.iter().zip(&starts).rev() {
-            let r = SVal(r0);
-            let ty = |x: &SVal| tys[x.0 as usize];
-            let m = |x: &SVal| map[x.0 as usize];
-            if let SOp::Call(_) | SOp::CallIf(..) = &inst.op {
-                // The callee's chain is reversed whatever the cotangents:
-                // its records must come off the tape.
-                let dres: Vec<SVal> = (0..inst.results.len() as u32)
-                    .filter(|i| inst.results[*i as usize].is_float())
-                    .map(|i| {
-                        let v = SVal(r0 + i);
-                        match adj.get(&v.0) {
-                            Some(x) => *x,
-                            None => fb.konst(zero_of(ty(&v))),
-                        }
-                    })
-                    .collect();
-                match &inst.op {
-                    SOp::Call(c) => {
-                        let ce = self.ce(c.func.0)?;
-                        let func = self.idx(Key::Ret(c.func.0));
-                        let cot = fb.push(SOp::Call(SCall { func, args: dres }), ce);
-                        for (v, dv) in seed_args(&c.args).into_iter().zip(cot) {
-                            acc(&mut fb, &mut adj, v, dv);
-                        }
-                    }
-                    SOp::CallIf(cond, a, b) => {
-                        let ce = self.ce(a.func.0)?;
-                        if self.ce(b.func.0)? != ce {
-                            return Err(format!(
-                                "{}: the two callees of a call have different cotangents",
-                                f.name
-                            ));
-                        }
-                        let fa = self.idx(Key::Ret(a.func.0));
-                        let fbi = self.idx(Key::Ret(b.func.0));
-                        let c = m(cond);
-                        let cot = fb.push(
-                            SOp::CallIf(
-                                c,
-                                SCall {
-                                    func: fa,
-                                    args: dres.clone(),
-                                },
-                                SCall {
-                                    func: fbi,
-                                    args: dres,
-                                },
-                            ),
-                            ce,
-                        );
-                        for (branch, first) in [(a, true), (b, false)] {
-                            for (v, dv) in seed_args(&branch.args).into_iter().zip(&cot) {
-                                let g = guard(&mut fb, c, *dv, first, ty(&v));
-                                acc(&mut fb, &mut adj, v, g);
-                            }
-                        }
-                    }
-                    _ => unreachable!(),
-                }
-                continue;
-            }
-            let Some(&dr) = adj.get(&r.0) else {
-                continue;
-            };
-            let t = ty(&r);
-            if !t.is_float() {
-                continue;
-            }
-            let y = m(&r);
-            match &inst.op {
-                SOp::Const(_) => {}
-                SOp::Unary(u, x) => {
-                    let dx = table_rule(&mut fb, u.prim(), &[m(x)], y, dr, t)
-                        .map_err(|e| format!("{}: {e}", f.name))?;
-                    if let Some(dx) = dx[0] {
-                        acc(&mut fb, &mut adj, *x, dx);
-                    }
-                }
-                SOp::Binary(op, a, b) => {
-                    let ds = table_rule(&mut fb, op.prim(), &[m(a), m(b)], y, dr, t)
-                        .map_err(|e| format!("{}: {e}", f.name))?;
-                    for (v, dv) in [*a, *b].into_iter().zip(ds) {
-                        if let Some(dv) = dv {
-                            acc(&mut fb, &mut adj, v, dv);
-                        }
-                    }
-                }
-                SOp::Cast(x) => {
-                    let from = ty(x);
-                    if from.is_float() {
-                        let dx = if from == t {
-                            dr
-                        } else {
-                            fb.one(SOp::Cast(dr), from)
-                        };
-                        acc(&mut fb, &mut adj, *x, dx);
-                    }
-                }
-                SOp::Select(c, a, b) => {
-                    let args = [m(c), m(a), m(b)];
-                    let ds = table_rule(&mut fb, crate::prim::Prim::Where, &args, y, dr, t)
-                        .map_err(|e| format!("{}: {e}", f.name))?;
-                    for (v, dv) in [*c, *a, *b].into_iter().zip(ds) {
-                        if let Some(dv) = dv {
-                            acc(&mut fb, &mut adj, v, dv);
-                        }
-                    }
-                }
-                SOp::Call(_) | SOp::CallIf(..) | SOp::Push(_) | SOp::Pop => {}
-            }
-        }
-        let mut cot = Vec::new();
-        for (i, t) in f.params.iter().enumerate() {
-            if t.is_float() {
-                cot.push(match adj.get(&(i as u32)) {
-                    Some(x) => *x,
-                    None => fb.konst(zero_of(*t)),
-                });
-            }
-        }
-        let name = match exit {
-            Exit::Return => format!("{} (reverse)", f.name),
-            Exit::TailCall(c) => format!("{} (reverse, from {})", f.name, p.funcs[c as usize].name),
-        };
-        let results = self.ce(k)?;
-        let term = self.dispatch(&mut fb, &Key::Pred(k), cot, &results)?;
-        Ok(fb.finish(name, results, term))
+        Ok(())
     }
+
+    /// The reverse of a call instruction `inst` (results from `r0`): the
+    /// callee's chain is reversed whatever the cotangents, since its
+    /// records must come off the tape.
+    #[allow(clippy::too_many_arguments)]
+    fn rev_call(
+        &mut self,
+        fb: &mut Fb,
+        adj: &mut HashMap<u32, SVal>,
+        f: &SFunc,
+        inst: &SInst,
+        r0: u32,
+        map: &[SVal],
+        tys: &[SType],
+    ) -> Result<(), String> {
+        let dres: Vec<SVal> = (0..inst.results.len() as u32)
+            .filter(|i| inst.results[*i as usize].is_float())
+            .map(|i| {
+                let v = SVal(r0 + i);
+                match adj.get(&v.0) {
+                    Some(x) => *x,
+                    None => fb.konst(zero_of(tys[v.0 as usize])),
+                }
+            })
+            .collect();
+        match &inst.op {
+            SOp::Call(c) => {
+                let ce = self.ce(c.func.0)?;
+                let func = self.idx(Key::Ret(c.func.0));
+                let cot = fb.push(SOp::Call(SCall { func, args: dres }), ce);
+                for (v, dv) in float_args(&c.args, tys).into_iter().zip(cot) {
+                    acc(fb, adj, v, dv);
+                }
+            }
+            SOp::CallIf(cond, a, b) => {
+                let ce = self.ce(a.func.0)?;
+                if self.ce(b.func.0)? != ce {
+                    return Err(format!(
+                        "{}: the two callees of a call have different cotangents",
+                        f.name
+                    ));
+                }
+                let fa = self.idx(Key::Ret(a.func.0));
+                let fbi = self.idx(Key::Ret(b.func.0));
+                let c = map[cond.0 as usize];
+                let calls = (
+                    SCall {
+                        func: fa,
+                        args: dres.clone(),
+                    },
+                    SCall {
+                        func: fbi,
+                        args: dres,
+                    },
+                );
+                let cot = fb.push(SOp::CallIf(c, calls.0, calls.1), ce);
+                for (branch, first) in [(a, true), (b, false)] {
+                    for (v, dv) in float_args(&branch.args, tys).into_iter().zip(&cot) {
+                        let g = guard(fb, c, *dv, first, tys[v.0 as usize]);
+                        acc(fb, adj, v, g);
+                    }
+                }
+            }
+            _ => unreachable!("rev_call of a non-call"),
+        }
+        Ok(())
+    }
+}
+
+/// The float values among `args` (those with cotangents).
+fn float_args(args: &[SVal], tys: &[SType]) -> Vec<SVal> {
+    args.iter()
+        .copied()
+        .filter(|a| tys[a.0 as usize].is_float())
+        .collect()
+}
+
+/// The reverse of an operation without calls, `op`, whose (float) result
+/// `r` has cotangent `dr`: its operands' cotangents, from the rules of
+/// the primitive table.
+fn rev_op(
+    fb: &mut Fb,
+    adj: &mut HashMap<u32, SVal>,
+    op: &SOp,
+    r: SVal,
+    dr: SVal,
+    map: &[SVal],
+    tys: &[SType],
+) -> Result<(), String> {
+    let t = tys[r.0 as usize];
+    let m = |x: &SVal| map[x.0 as usize];
+    let y = m(&r);
+    let (prim, operands): (Prim, Vec<SVal>) = match op {
+        SOp::Unary(u, x) => (u.prim(), vec![*x]),
+        SOp::Binary(b, x, z) => (b.prim(), vec![*x, *z]),
+        SOp::Select(c, x, z) => (Prim::Where, vec![*c, *x, *z]),
+        SOp::Cast(x) => {
+            let from = tys[x.0 as usize];
+            if from.is_float() {
+                let dx = if from == t {
+                    dr
+                } else {
+                    fb.one(SOp::Cast(dr), from)
+                };
+                acc(fb, adj, *x, dx);
+            }
+            return Ok(());
+        }
+        SOp::Const(_) | SOp::Call(_) | SOp::CallIf(..) | SOp::Push(_) | SOp::Pop => return Ok(()),
+    };
+    let args: Vec<SVal> = operands.iter().map(m).collect();
+    let ds = table_rule(fb, prim, &args, y, dr, t)?;
+    for (v, dv) in operands.into_iter().zip(ds) {
+        if let Some(dv) = dv {
+            acc(fb, adj, v, dv);
+        }
+    }
+    Ok(())
 }
 
 /// Removes the instructions without effects whose results nothing reads.
@@ -1021,8 +1066,8 @@ fn acc(fb: &mut Fb, adj: &mut HashMap<u32, SVal>, v: SVal, d: SVal) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::cpu::scalar::compile_scalar;
-    use crate::codegen::scalar::tests::{iterate, random_program, same};
+    use crate::scalar::native::compile_scalar;
+    use crate::scalar::tests::{iterate, random_program, same};
     use proptest::prelude::*;
 
     /// Forward then backward, natively and in the interpreter: the

@@ -38,14 +38,14 @@ use petgraph::algo::tarjan_scc;
 use petgraph::graph::DiGraph;
 
 use super::{form, ContArg, Continuation, Group, Plan};
-use crate::codegen::cpu::scalar::{compile_scalar_cached, CompiledScalar};
-use crate::codegen::scalar::{
-    FuncIdx, SBinary, SCall, SFunc, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
-};
 use crate::infer::{AbsVal, Types};
 use crate::ir::analysis::{graph_body_with, FreeVars};
 use crate::ir::{Const, GraphId, Module, NodeId};
 use crate::prim::Prim;
+use crate::scalar::native::{compile_scalar_cached, CompiledScalar};
+use crate::scalar::{
+    FuncIdx, SBinary, SCall, SFunc, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
+};
 
 /// The structure of a value made of scalars.
 #[derive(Clone, Debug, PartialEq)]

@@ -24,7 +24,7 @@ pub(crate) enum Mode {
 
 /// The loop nest of a kernel, outermost loop first.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Plan {
+pub(crate) struct LoopNest {
     pub mode: Mode,
     /// The extent of each loop.
     pub dims: Vec<usize>,
@@ -43,9 +43,9 @@ pub(crate) struct Plan {
     pub vector: bool,
 }
 
-impl Plan {
-    /// The plan of a valid canonical spec with a nonempty iteration space.
-    pub fn new(spec: &KernelSpec) -> Plan {
+impl LoopNest {
+    /// The nest of a valid canonical spec with a nonempty iteration space.
+    pub fn new(spec: &KernelSpec) -> LoopNest {
         let nd = spec.shape.len();
         let axes: &[usize] = spec.reduce.as_ref().map_or(&[], |r| &r.axes);
         let red: Vec<bool> = (0..nd).map(|d| axes.contains(&d)).collect();
@@ -72,7 +72,7 @@ impl Plan {
                 .iter()
                 .any(|e| matches!(e, KExpr::Input(j) if *j == i))
         };
-        let mut nat = Plan {
+        let mut nat = LoopNest {
             mode: Mode::Map,
             dims: live.iter().map(|&d| spec.shape[d]).collect(),
             reduced: live.iter().map(|&d| red[d]).collect(),
@@ -113,7 +113,7 @@ impl Plan {
                 }
             }
         };
-        let mut plan = Plan {
+        let mut nest = LoopNest {
             mode,
             dims: order.iter().map(|&d| nat.dims[d]).collect(),
             reduced: order.iter().map(|&d| nat.reduced[d]).collect(),
@@ -127,26 +127,26 @@ impl Plan {
             par_dim: 0,
             vector: false,
         };
-        plan.merge();
+        nest.merge();
         // The outermost loop is split across threads: it must be a kept
         // loop. A map of a single element gets one loop. A full reduction
         // gets a kept loop of extent 1 and splits its first reduced loop
         // instead: each range stores its partial result (see `is_split`).
-        if plan.dims.is_empty() || plan.reduced[0] {
-            match plan.mode {
-                Mode::OuterReduce(_) => plan.par_dim = plan.dims.len() - 1,
+        if nest.dims.is_empty() || nest.reduced[0] {
+            match nest.mode {
+                Mode::OuterReduce(_) => nest.par_dim = nest.dims.len() - 1,
                 Mode::InnerReduce(_) => {
-                    plan.insert_outer();
-                    plan.par_dim = 1;
+                    nest.insert_outer();
+                    nest.par_dim = 1;
                 }
-                Mode::Map => plan.insert_outer(),
+                Mode::Map => nest.insert_outer(),
             }
         }
-        let last = plan.dims.len() - 1;
+        let last = nest.dims.len() - 1;
         // (Side strides are all 0 when there are no side outputs.)
-        plan.vector = plan.in_strides.iter().all(|s| matches!(s[last], 0 | 1))
-            && matches!(plan.side_strides[last], 0 | 1);
-        plan
+        nest.vector = nest.in_strides.iter().all(|s| matches!(s[last], 0 | 1))
+            && matches!(nest.side_strides[last], 0 | 1);
+        nest
     }
 
     fn insert_outer(&mut self) {
@@ -230,7 +230,7 @@ mod tests {
 
     #[test]
     fn dense_map_is_flat() {
-        let p = Plan::new(&spec(
+        let p = LoopNest::new(&spec(
             &[2, 3, 4],
             vec![InputSpec::contiguous(&[2, 3, 4]), InputSpec::scalar(3)],
             None,
@@ -243,14 +243,14 @@ mod tests {
 
     #[test]
     fn broadcast_keeps_two_loops() {
-        let p = Plan::new(&spec(
+        let p = LoopNest::new(&spec(
             &[5, 1, 6],
             vec![InputSpec::broadcast(&[6], &[5, 1, 6]).unwrap()],
             None,
         ));
         assert_eq!(p.dims, vec![5, 6]);
         assert_eq!(p.in_strides, vec![vec![0, 1]]);
-        let p = Plan::new(&spec(
+        let p = LoopNest::new(&spec(
             &[5, 6],
             vec![InputSpec {
                 strides: vec![1, 5],
@@ -263,17 +263,17 @@ mod tests {
     #[test]
     fn reductions() {
         let x = || vec![InputSpec::contiguous(&[4, 5, 6])];
-        let p = Plan::new(&spec(&[4, 5, 6], x(), Some((ReduceOp::Sum, vec![1, 2]))));
+        let p = LoopNest::new(&spec(&[4, 5, 6], x(), Some((ReduceOp::Sum, vec![1, 2]))));
         assert_eq!(p.mode, Mode::InnerReduce(ReduceOp::Sum));
         assert_eq!(p.dims, vec![4, 30]);
-        let p = Plan::new(&spec(&[4, 5, 6], x(), Some((ReduceOp::Sum, vec![0, 1, 2]))));
+        let p = LoopNest::new(&spec(&[4, 5, 6], x(), Some((ReduceOp::Sum, vec![0, 1, 2]))));
         assert_eq!(p.dims, vec![1, 120]);
         assert!(p.is_split());
-        let p = Plan::new(&spec(&[4, 5, 6], x(), Some((ReduceOp::Max, vec![0]))));
+        let p = LoopNest::new(&spec(&[4, 5, 6], x(), Some((ReduceOp::Max, vec![0]))));
         assert_eq!(p.mode, Mode::OuterReduce(ReduceOp::Max));
         assert_eq!(p.dims, vec![4, 30]);
         assert_eq!(p.par_dim, 1);
-        let p = Plan::new(&spec(&[4, 5, 6], x(), Some((ReduceOp::Max, vec![1]))));
+        let p = LoopNest::new(&spec(&[4, 5, 6], x(), Some((ReduceOp::Max, vec![1]))));
         assert_eq!(p.mode, Mode::OuterReduce(ReduceOp::Max));
         assert_eq!(p.dims, vec![4, 5, 6]);
         assert_eq!(p.reduced, vec![false, true, false]);
