@@ -780,6 +780,246 @@ impl CodeBuilder<'_> {
             }),
         }
     }
+
+    /// The code of a fusion group: its kernel, then the call its results
+    /// go on to, if any. Returns whether that call is the graph's tail
+    /// call (the group computes `output`).
+    fn group(
+        &mut self,
+        group: &crate::fuse::Group,
+        output: NodeId,
+        ex: &mut Tables,
+    ) -> Result<bool, ExecError> {
+        let m = self.m;
+        let loc = ex.push_loc(m.node(*group.outputs.last().expect("an output")).loc);
+        let mut args = Vec::with_capacity(group.inputs.len());
+        for &i in &group.inputs {
+            args.push(self.operand(i, ex)?);
+        }
+        let sites = group
+            .sites
+            .iter()
+            .map(|&s| (s.0, ex.push_loc(m.node(s).loc)))
+            .collect();
+        let dst = self.n_slots;
+        self.n_slots += 1;
+        self.instrs.push(Instr::Native {
+            dst,
+            kernel: group.kernel.clone(),
+            args,
+            loc,
+            sites,
+        });
+        let Some(then) = &group.then else {
+            if group.outputs.len() == 1 {
+                self.slot_of.insert(group.outputs[0], dst);
+            } else {
+                for (k, &o) in group.outputs.iter().enumerate() {
+                    let d = self.tuple_get(dst, k, loc);
+                    self.slot_of.insert(o, d);
+                }
+            }
+            return Ok(false);
+        };
+        // The call that takes the kernel's results on: a tail call when
+        // the group's output is the graph's.
+        let mut args = Vec::with_capacity(then.args.len());
+        for a in &then.args {
+            args.push(match *a {
+                crate::fuse::ContArg::Node(x) => self.operand(x, ex)?,
+                crate::fuse::ContArg::Result(k) => Operand::Slot(self.tuple_get(dst, k, loc)),
+            });
+        }
+        let callee = self.operand(then.callee, ex)?;
+        self.lifted_args(then.callee, &mut args, ex)?;
+        let out = group.outputs[0];
+        if out == output {
+            self.instrs.push(Instr::TailCall { callee, args, loc });
+            return Ok(true);
+        }
+        let d = self.n_slots;
+        self.n_slots += 1;
+        self.instrs.push(Instr::Call {
+            dst: d,
+            callee,
+            args,
+            loc,
+        });
+        self.slot_of.insert(out, d);
+        Ok(false)
+    }
+
+    /// The tape instruction node `n` became, if it is a push of a
+    /// backpropagator or the first call of a reversed loop on its tape
+    /// (into slot `dst`); returns whether it was one.
+    fn tape_instr(
+        &mut self,
+        n: NodeId,
+        dst: u32,
+        loc: LocIndex,
+        ex: &mut Tables,
+    ) -> Result<bool, ExecError> {
+        let Some(tapes) = ex.tapes else {
+            return Ok(false);
+        };
+        let (fv, inputs) = (self.fv, self.m.inputs(n));
+        if let Some(&(bg, stack)) = tapes.pushes.get(&n) {
+            let code = *ex.code_of.get(&bg).ok_or_else(|| ExecError {
+                message: format!("graph {bg} is not compiled"),
+                loc: self.m.node(n).loc,
+            })?;
+            let stack = self.operand(stack, ex)?;
+            let mut captures = Vec::with_capacity(fv.get(bg).len());
+            for &v in fv.get(bg) {
+                captures.push(self.operand(v, ex)?);
+            }
+            self.instrs.push(Instr::TapePush {
+                dst,
+                stack,
+                code,
+                captures,
+                hint: Default::default(),
+            });
+        } else if let Some(&stack) = tapes.first_calls.get(&n) {
+            let of = self.operand(stack, ex)?;
+            let mut args = Vec::with_capacity(inputs.len() - 1);
+            for &i in &inputs[1..] {
+                args.push(self.operand(i, ex)?);
+            }
+            self.instrs.push(Instr::CallFirst { dst, of, args, loc });
+        } else {
+            return Ok(false);
+        }
+        self.slot_of.insert(n, dst);
+        Ok(true)
+    }
+
+    /// The instruction of application `n` (into slot `dst`): a switch, a
+    /// primitive's reference kernel, or a call (a tail call when `n` is
+    /// the graph's output).
+    fn node_instr(
+        &mut self,
+        n: NodeId,
+        dst: u32,
+        loc: LocIndex,
+        ex: &mut Tables,
+    ) -> Result<Instr, ExecError> {
+        let m = self.m;
+        let node = m.node(n);
+        let inputs = m.inputs(n);
+        let operands = |b: &mut Self, ex: &mut Tables| -> Result<Vec<Operand>, ExecError> {
+            let mut args = Vec::with_capacity(inputs.len() - 1);
+            for &i in &inputs[1..] {
+                args.push(b.operand(i, ex)?);
+            }
+            Ok(args)
+        };
+        Ok(match m.as_const(inputs[0]) {
+            Some(Const::Prim(Prim::Switch)) => {
+                if inputs.len() != 4 {
+                    return Err(ExecError {
+                        message: "switch takes three arguments".into(),
+                        loc: node.loc,
+                    });
+                }
+                let cond = self.operand(inputs[1], ex)?;
+                let a = self.operand(inputs[2], ex)?;
+                let b = self.operand(inputs[3], ex)?;
+                Instr::Switch {
+                    dst,
+                    cond,
+                    a,
+                    b,
+                    loc,
+                }
+            }
+            Some(Const::Prim(p)) => {
+                let kernel = kernels::lookup(p.name()).ok_or_else(|| ExecError {
+                    message: format!("primitive `{p}` has no reference kernel"),
+                    loc: node.loc,
+                })?;
+                Instr::Prim {
+                    dst,
+                    name: p.name(),
+                    kernel,
+                    args: operands(self, ex)?,
+                    loc,
+                }
+            }
+            _ => {
+                let callee = self.operand(inputs[0], ex)?;
+                let mut args = operands(self, ex)?;
+                if let Some(start) = ex.tapes.and_then(|t| t.starts.get(&n)) {
+                    self.start_tape(start, &mut args, loc, ex);
+                }
+                self.lifted_args(inputs[0], &mut args, ex)?;
+                let output = m.graph(self.g).output;
+                if Some(n) == output {
+                    Instr::TailCall { callee, args, loc }
+                } else {
+                    Instr::Call {
+                        dst,
+                        callee,
+                        args,
+                        loc,
+                    }
+                }
+            }
+        })
+    }
+
+    /// Starts a reversed loop on a tape with room for its trips: `args`
+    /// (the loop's call) get a new tape in place of the empty stack.
+    fn start_tape(&mut self, start: &Start, args: &mut [Operand], loc: LocIndex, ex: &mut Tables) {
+        let Ok(bound) = self.operand(start.bound, ex) else {
+            return;
+        };
+        let per = |b: &mut Self, k: usize| b.constant(Value::Tensor(Tensor::weak_i64(k as i64)));
+        let tape_args = vec![
+            args[start.param],
+            bound,
+            per(self, start.records_per_trip),
+            per(self, start.values_per_trip),
+        ];
+        let tape = self.n_slots;
+        self.n_slots += 1;
+        self.instrs.push(Instr::Prim {
+            dst: tape,
+            name: "tape_new",
+            kernel: adjoint_runtime::tape::tape_new,
+            args: tape_args,
+            loc,
+        });
+        *args.last_mut().expect("the stack") = Operand::Slot(tape);
+    }
+
+    /// After a `load_npy` (node `n`, result in `dst`): the check that the
+    /// data has the dtype and shape graph mode was specialised to.
+    fn check_load(
+        &mut self,
+        n: NodeId,
+        dst: u32,
+        loc: LocIndex,
+        check: &Arc<dyn adjoint_runtime::vm::NativeKernel>,
+        ex: &mut Tables,
+    ) -> Result<(), ExecError> {
+        let inputs = self.m.inputs(n);
+        if self.m.as_const(inputs[0]) != Some(&Const::Prim(Prim::LoadNpy)) {
+            return Ok(());
+        }
+        let path = self.operand(inputs[2], ex)?;
+        let checked = self.n_slots;
+        self.n_slots += 1;
+        self.instrs.push(Instr::Native {
+            dst: checked,
+            kernel: check.clone(),
+            args: vec![Operand::Slot(dst), path],
+            loc,
+            sites: Vec::new(),
+        });
+        self.slot_of.insert(n, checked);
+        Ok(())
+    }
 }
 
 /// The body in an order where each fused group is one step
@@ -856,205 +1096,27 @@ fn compile_graph(
             Unit::Node(n) => n,
             Unit::Group(gi) => {
                 let group = &plan.expect("groups come from a plan").groups[gi];
-                let loc = ex.push_loc(m.node(*group.outputs.last().expect("an output")).loc);
-                let mut args = Vec::with_capacity(group.inputs.len());
-                for &i in &group.inputs {
-                    args.push(b.operand(i, ex)?);
-                }
-                let sites = group
-                    .sites
-                    .iter()
-                    .map(|&s| (s.0, ex.push_loc(m.node(s).loc)))
-                    .collect();
-                let dst = b.n_slots;
-                b.n_slots += 1;
-                b.instrs.push(Instr::Native {
-                    dst,
-                    kernel: group.kernel.clone(),
-                    args,
-                    loc,
-                    sites,
-                });
-                if let Some(then) = &group.then {
-                    // The call that takes the kernel's results on: a tail
-                    // call when the group's output is the graph's.
-                    let mut args = Vec::with_capacity(then.args.len());
-                    for a in &then.args {
-                        args.push(match *a {
-                            crate::fuse::ContArg::Node(x) => b.operand(x, ex)?,
-                            crate::fuse::ContArg::Result(k) => {
-                                Operand::Slot(b.tuple_get(dst, k, loc))
-                            }
-                        });
-                    }
-                    let callee = b.operand(then.callee, ex)?;
-                    b.lifted_args(then.callee, &mut args, ex)?;
-                    let out = group.outputs[0];
-                    if out == output {
-                        tail = true;
-                        b.instrs.push(Instr::TailCall { callee, args, loc });
-                    } else {
-                        let d = b.n_slots;
-                        b.n_slots += 1;
-                        b.instrs.push(Instr::Call {
-                            dst: d,
-                            callee,
-                            args,
-                            loc,
-                        });
-                        b.slot_of.insert(out, d);
-                    }
-                    continue;
-                }
-                if group.outputs.len() == 1 {
-                    b.slot_of.insert(group.outputs[0], dst);
-                } else {
-                    for (k, &o) in group.outputs.iter().enumerate() {
-                        let d = b.tuple_get(dst, k, loc);
-                        b.slot_of.insert(o, d);
-                    }
-                }
+                tail |= b.group(group, output, ex)?;
                 continue;
             }
         };
-        let node = m.node(n);
-        let inputs = m.inputs(n);
-        let tapes = ex.tapes;
-        if tapes.is_some_and(|t| t.skipped.contains(&n)) {
+        if ex.tapes.is_some_and(|t| t.skipped.contains(&n)) {
             // Made part of a tape instruction below.
             continue;
         }
-        let loc = ex.push_loc(node.loc);
+        let loc = ex.push_loc(m.node(n).loc);
         let dst = b.n_slots;
         b.n_slots += 1;
-        if let Some(&(bg, stack)) = tapes.and_then(|t| t.pushes.get(&n)) {
-            let code = *ex.code_of.get(&bg).ok_or_else(|| ExecError {
-                message: format!("graph {bg} is not compiled"),
-                loc: node.loc,
-            })?;
-            let stack = b.operand(stack, ex)?;
-            let mut captures = Vec::with_capacity(fv.get(bg).len());
-            for &v in fv.get(bg) {
-                captures.push(b.operand(v, ex)?);
-            }
-            b.instrs.push(Instr::TapePush {
-                dst,
-                stack,
-                code,
-                captures,
-                hint: Default::default(),
-            });
-            b.slot_of.insert(n, dst);
+        if b.tape_instr(n, dst, loc, ex)? {
             continue;
         }
-        if let Some(&stack) = tapes.and_then(|t| t.first_calls.get(&n)) {
-            let of = b.operand(stack, ex)?;
-            let mut args = Vec::with_capacity(inputs.len() - 1);
-            for &i in &inputs[1..] {
-                args.push(b.operand(i, ex)?);
-            }
-            b.instrs.push(Instr::CallFirst { dst, of, args, loc });
-            b.slot_of.insert(n, dst);
-            continue;
-        }
-        let instr = match m.as_const(inputs[0]) {
-            Some(Const::Prim(Prim::Switch)) => {
-                if inputs.len() != 4 {
-                    return Err(ExecError {
-                        message: "switch takes three arguments".into(),
-                        loc: node.loc,
-                    });
-                }
-                let cond = b.operand(inputs[1], ex)?;
-                let a = b.operand(inputs[2], ex)?;
-                let bb = b.operand(inputs[3], ex)?;
-                Instr::Switch {
-                    dst,
-                    cond,
-                    a,
-                    b: bb,
-                    loc,
-                }
-            }
-            Some(Const::Prim(p)) => {
-                let kernel = kernels::lookup(p.name()).ok_or_else(|| ExecError {
-                    message: format!("primitive `{p}` has no reference kernel"),
-                    loc: node.loc,
-                })?;
-                let mut args = Vec::with_capacity(inputs.len() - 1);
-                for &i in &inputs[1..] {
-                    args.push(b.operand(i, ex)?);
-                }
-                Instr::Prim {
-                    dst,
-                    name: p.name(),
-                    kernel,
-                    args,
-                    loc,
-                }
-            }
-            _ => {
-                let callee = b.operand(inputs[0], ex)?;
-                let mut args = Vec::with_capacity(inputs.len() - 1);
-                for &i in &inputs[1..] {
-                    args.push(b.operand(i, ex)?);
-                }
-                if let Some(start) = tapes.and_then(|t| t.starts.get(&n)) {
-                    // Start the loop on a tape with room for its trips.
-                    if let Ok(bound) = b.operand(start.bound, ex) {
-                        let per = |b: &mut CodeBuilder, k: usize| {
-                            b.constant(Value::Tensor(Tensor::weak_i64(k as i64)))
-                        };
-                        let tape_args = vec![
-                            args[start.param],
-                            bound,
-                            per(&mut b, start.records_per_trip),
-                            per(&mut b, start.values_per_trip),
-                        ];
-                        let tape = b.n_slots;
-                        b.n_slots += 1;
-                        b.instrs.push(Instr::Prim {
-                            dst: tape,
-                            name: "tape_new",
-                            kernel: adjoint_runtime::tape::tape_new,
-                            args: tape_args,
-                            loc,
-                        });
-                        *args.last_mut().expect("the stack") = Operand::Slot(tape);
-                    }
-                }
-                b.lifted_args(inputs[0], &mut args, ex)?;
-                if n == output {
-                    tail = true;
-                    Instr::TailCall { callee, args, loc }
-                } else {
-                    Instr::Call {
-                        dst,
-                        callee,
-                        args,
-                        loc,
-                    }
-                }
-            }
-        };
+        let instr = b.node_instr(n, dst, loc, ex)?;
+        tail |= matches!(instr, Instr::TailCall { .. });
         b.instrs.push(instr);
         b.slot_of.insert(n, dst);
         // Data graph mode was specialised to is checked as it is loaded.
-        if let (Some(check), Some(Const::Prim(Prim::LoadNpy))) = (
-            plan.and_then(|p| p.load_check.as_ref()),
-            m.as_const(inputs[0]),
-        ) {
-            let path = b.operand(inputs[2], ex)?;
-            let checked = b.n_slots;
-            b.n_slots += 1;
-            b.instrs.push(Instr::Native {
-                dst: checked,
-                kernel: check.clone(),
-                args: vec![Operand::Slot(dst), path],
-                loc,
-                sites: Vec::new(),
-            });
-            b.slot_of.insert(n, checked);
+        if let Some(check) = plan.and_then(|p| p.load_check.as_ref()) {
+            b.check_load(n, dst, loc, check, ex)?;
         }
     }
     let ret = if tail {

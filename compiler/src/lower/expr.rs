@@ -1,0 +1,781 @@
+//! Lowering of expressions: names, literals, lambdas, calls of
+//! functions, primitives and function values, and the differentiation
+//! operators (`grad`, `jvp`, ...).
+
+use super::*;
+
+impl Lowerer<'_> {
+    pub(super) fn lower_expr(&mut self, module: usize, cx: &mut Cx, e: &Expr) -> R<NodeId> {
+        self.enter(e.span)?;
+        let r = self.lower_expr_inner(module, cx, e);
+        self.leave();
+        r
+    }
+
+    pub(super) fn lower_expr_inner(&mut self, module: usize, cx: &mut Cx, e: &Expr) -> R<NodeId> {
+        let span = e.span;
+        match &*e.kind {
+            ExprKind::Int(i) => Ok(self.konst(Const::Int(*i), span)),
+            ExprKind::Float { value, .. } => Ok(self.konst(Const::Float(*value), span)),
+            ExprKind::Bool(b) => Ok(self.konst(Const::Bool(*b), span)),
+            ExprKind::Str(s) => Ok(self.konst(Const::Str(Arc::from(s.as_str())), span)),
+            ExprKind::Name(n) => self.lower_name(module, cx, n, span),
+            ExprKind::Tuple(es) => {
+                if es.is_empty() {
+                    return Ok(self.unit(span));
+                }
+                let items = self.lower_all(module, cx, es)?;
+                Ok(self.prim(cx, Prim::MakeTuple, &items, span))
+            }
+            ExprKind::Record(fields) => {
+                let mut args = Vec::new();
+                let mut seen = HashSet::new();
+                for f in fields {
+                    if !seen.insert(f.name.name.clone()) {
+                        return Err(Diagnostic::error(
+                            format!("field `{}` is given twice", f.name.name),
+                            f.name.span,
+                        ));
+                    }
+                    let v = self.lower_expr(module, cx, &f.value)?;
+                    args.push(self.konst(Const::Str(Arc::from(f.name.name.as_str())), f.name.span));
+                    args.push(v);
+                }
+                Ok(self.prim(cx, Prim::MakeRecord, &args, span))
+            }
+            ExprKind::Tensor(es) => {
+                let items = self.lower_all(module, cx, es)?;
+                Ok(self.prim(cx, Prim::TensorLiteral, &items, span))
+            }
+            ExprKind::Unary { op, operand } => {
+                match (op, &*operand.kind) {
+                    (ast::UnOp::Neg, ExprKind::Int(i)) => {
+                        return Ok(self.konst(Const::Int(i.wrapping_neg()), span))
+                    }
+                    (ast::UnOp::Neg, ExprKind::Float { value, .. }) => {
+                        return Ok(self.konst(Const::Float(-value), span))
+                    }
+                    _ => {}
+                }
+                let x = self.lower_expr(module, cx, operand)?;
+                let p = match op {
+                    ast::UnOp::Neg => Prim::Neg,
+                    ast::UnOp::Not => Prim::Not,
+                };
+                Ok(self.prim(cx, p, &[x], span))
+            }
+            ExprKind::Binary { op, lhs, rhs, .. } => {
+                let a = self.lower_expr(module, cx, lhs)?;
+                let b = self.lower_expr(module, cx, rhs)?;
+                Ok(self.prim(cx, binop_prim(*op), &[a, b], span))
+            }
+            ExprKind::Call { callee, args } => self.lower_call(module, cx, callee, args, span),
+            ExprKind::Index { base, indices } => {
+                let x = self.lower_expr(module, cx, base)?;
+                let mut args = vec![x];
+                for c in indices {
+                    match c {
+                        ast::IndexComp::Expr(i) => args.push(self.lower_expr(module, cx, i)?),
+                        ast::IndexComp::Slice { lo, hi, span } => {
+                            let lo = match lo {
+                                Some(l) => self.lower_expr(module, cx, l)?,
+                                None => self.unit(*span),
+                            };
+                            let hi = match hi {
+                                Some(h) => self.lower_expr(module, cx, h)?,
+                                None => self.unit(*span),
+                            };
+                            // `e : e + c` also carries its length `c`,
+                            // which stays a constant where `e` is not, even
+                            // through the parameters of differentiated code
+                            // (see `docs/ir.md`).
+                            let len = crate::ir::analysis::window_len(&self.m, lo, hi);
+                            let parts: &[NodeId] = match &len {
+                                Some(c) => &[lo, hi, *c],
+                                None => &[lo, hi],
+                            };
+                            args.push(self.prim(cx, Prim::MakeTuple, parts, *span));
+                        }
+                    }
+                }
+                Ok(self.prim(cx, Prim::Index, &args, span))
+            }
+            ExprKind::Field { base, name } => {
+                if let ExprKind::Name(m) = &*base.kind {
+                    if self.lookup(m).is_none() {
+                        if let Some(target) = self.mods[module].imports.get(m).copied() {
+                            return self.module_member_value(target, m, name, span);
+                        }
+                    }
+                }
+                let r = self.lower_expr(module, cx, base)?;
+                let n = self.konst(Const::Str(Arc::from(name.name.as_str())), name.span);
+                Ok(self.prim(cx, Prim::RecordGet, &[r, n], span))
+            }
+            ExprKind::TupleIndex { base, index, .. } => {
+                let t = self.lower_expr(module, cx, base)?;
+                Ok(self.tuple_get(cx, t, *index as usize, span))
+            }
+            ExprKind::Lambda { params, body } => self.lower_lambda(module, cx, params, body, span),
+            ExprKind::Block(b) => self.lower_block_value(module, cx, b),
+            ExprKind::If(i) => self.lower_if_value(module, cx, i, span),
+            ExprKind::Range { .. } => Err(Diagnostic::error(
+                "a range `a..b` may appear only in a `for` header or as the argument of `progress`",
+                span,
+            )),
+            ExprKind::Error => Err(Diagnostic::error("invalid expression", span)),
+        }
+    }
+
+    pub(super) fn lower_all(&mut self, module: usize, cx: &mut Cx, es: &[Expr]) -> R<Vec<NodeId>> {
+        es.iter().map(|e| self.lower_expr(module, cx, e)).collect()
+    }
+
+    pub(super) fn module_member_value(
+        &mut self,
+        target: usize,
+        alias: &str,
+        name: &ast::Ident,
+        span: Span,
+    ) -> R<NodeId> {
+        let Some(i) = self.mods[target].fns.get(&name.name).copied() else {
+            return Err(Diagnostic::error(
+                format!("module `{alias}` has no function `{}`", name.name),
+                name.span,
+            ));
+        };
+        let key = FnKey {
+            module: target,
+            item: i,
+        };
+        if self.effectful.contains(&key) {
+            return Err(effectful_value_error(&name.name, span));
+        }
+        let g = self.fn_graph(key);
+        Ok(self.graph_ref(g, span))
+    }
+
+    pub(super) fn lower_name(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        n: &str,
+        span: Span,
+    ) -> R<NodeId> {
+        match self.lookup(n).cloned() {
+            Some(Binding::Val(v)) => return Ok(v),
+            Some(Binding::Var(v)) => {
+                return cx.vals.get(&v).copied().ok_or_else(|| {
+                    Diagnostic::error(format!("variable `{n}` is not available here"), span)
+                })
+            }
+            Some(Binding::LocalFn(f)) => {
+                if f.effectful {
+                    return Err(effectful_value_error(n, span));
+                }
+                return Ok(self.graph_ref(f.graph, span));
+            }
+            None => {}
+        }
+        if let Some(key) = self.global_fn(module, n) {
+            if self.effectful.contains(&key) {
+                return Err(effectful_value_error(n, span));
+            }
+            let g = self.fn_graph(key);
+            return Ok(self.graph_ref(g, span));
+        }
+        if let Some(d) = DType::from_name(n) {
+            return Ok(self.konst(Const::DType(d), span));
+        }
+        if let Some(p) = self.prim_named(module, n) {
+            if p.category() == prim::Category::Io {
+                return Err(effectful_value_error(n, span));
+            }
+            let g = self.prim_value(p, span);
+            return Ok(self.graph_ref(g, span));
+        }
+        if self.mods[module].imports.contains_key(n) {
+            return Err(Diagnostic::error(
+                format!("module `{n}` is not a value; use one of its members, as in `{n}.name`"),
+                span,
+            ));
+        }
+        if DIFF_NAMES.contains(&n) {
+            return Err(Diagnostic::error(
+                format!("`{n}` must be called with the function to differentiate, as in `{n}(f)`"),
+                span,
+            ));
+        }
+        Err(self.unknown_name(module, n, span))
+    }
+
+    pub(super) fn unknown_name(&self, module: usize, n: &str, span: Span) -> Diagnostic {
+        let mut d = Diagnostic::error(format!("unknown name `{n}`"), span)
+            .with_label("not found in this scope");
+        let mut candidates: Vec<String> = self
+            .scopes
+            .iter()
+            .flat_map(|s| s.iter().map(|(k, _)| k.clone()))
+            .collect();
+        candidates.extend(self.mods[module].fns.keys().cloned());
+        if let Some(p) = self.prelude {
+            candidates.extend(self.mods[p].fns.keys().cloned());
+        }
+        // Only the primitives this module may call: suggesting an internal
+        // one (`cast`, `gadd`) would name something the user cannot use.
+        candidates.extend(
+            Prim::all()
+                .iter()
+                .filter(|p| self.prim_named(module, p.name()).is_some())
+                .map(|p| p.name().to_string()),
+        );
+        if let Some(best) = candidates
+            .iter()
+            .filter(|c| edit_distance(c, n) <= 2.min(n.len().saturating_sub(1)).max(1))
+            .min_by_key(|c| edit_distance(c, n))
+        {
+            d = d.with_note(format!("a similar name exists: `{best}`"));
+        }
+        d
+    }
+
+    /// A graph that calls primitive `p` with its required parameters, used
+    /// when a primitive is passed as a value (`tree_map(exp, t)`).
+    pub(super) fn prim_value(&mut self, p: Prim, span: Span) -> GraphId {
+        if let Some(g) = self.prim_values.get(&p) {
+            return *g;
+        }
+        let info = p.info();
+        let g = self.m.add_graph(format!("prim.{}", info.name), Loc::NONE);
+        let mut args = Vec::new();
+        for param in info.params {
+            match param.default {
+                None => args.push(self.m.add_param(g, param.name, Loc::NONE)),
+                Some(d) => args.push(self.m.add_const(default_const(d), Loc::NONE)),
+            }
+        }
+        let out = self.m.add_prim(g, p, &args, loc(span));
+        self.m.set_output(g, out);
+        self.prim_values.insert(p, g);
+        g
+    }
+
+    pub(super) fn lower_lambda(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        params: &[ast::Param],
+        body: &Expr,
+        span: Span,
+    ) -> R<NodeId> {
+        let parent = self.m.graph(cx.graph).name.clone();
+        let base = parent.split('.').next().unwrap_or(&parent).to_string();
+        let g = self.m.add_graph(format!("{base}.lambda"), loc(span));
+        let def = FnDef {
+            name: ast::Ident {
+                name: "lambda".into(),
+                span,
+            },
+            params: params.to_vec(),
+            ret: None,
+            body: body.clone(),
+            span,
+        };
+        self.lower_fn_body(module, g, &def, false, cx.vals.clone())?;
+        Ok(self.graph_ref(g, span))
+    }
+
+    // ----- calls ---------------------------------------------------------
+
+    pub(super) fn lower_call(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        callee: &Expr,
+        args: &[ast::Arg],
+        span: Span,
+    ) -> R<NodeId> {
+        match &*callee.kind {
+            ExprKind::Name(n) => match self.lookup(n).cloned() {
+                Some(Binding::LocalFn(f)) => {
+                    let g = f.graph;
+                    let effectful = f.effectful;
+                    return self.call_def(module, cx, g, &f.def, effectful, args, span);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(key) = self.global_fn(module, n) {
+                        let g = self.fn_graph(key);
+                        let def = self.fn_def(key);
+                        let eff = self.effectful.contains(&key);
+                        return self.call_def(module, cx, g, &def, eff, args, span);
+                    }
+                    if let Some(d) = DType::from_name(n) {
+                        let x = self.positional_only(module, cx, args, 1, n, span)?;
+                        let dt = self.konst(Const::DType(d), callee.span);
+                        return Ok(self.prim(cx, Prim::Cast, &[x[0], dt], span));
+                    }
+                    if DIFF_NAMES.contains(&n.as_str()) {
+                        return self.lower_diff(module, cx, n, args, span);
+                    }
+                    if let Some(p) = self.prim_named(module, n) {
+                        return self.call_prim(module, cx, p, args, span);
+                    }
+                    if n == "progress" {
+                        return Err(Diagnostic::error(
+                            "`progress(a..b)` may appear only as the range of a `for` loop",
+                            span,
+                        ));
+                    }
+                }
+            },
+            ExprKind::Field { base, name } => {
+                if let ExprKind::Name(m) = &*base.kind {
+                    if self.lookup(m).is_none() {
+                        if let Some(target) = self.mods[module].imports.get(m).copied() {
+                            let Some(i) = self.mods[target].fns.get(&name.name).copied() else {
+                                return Err(Diagnostic::error(
+                                    format!("module `{m}` has no function `{}`", name.name),
+                                    name.span,
+                                ));
+                            };
+                            let key = FnKey {
+                                module: target,
+                                item: i,
+                            };
+                            let g = self.fn_graph(key);
+                            let def = self.fn_def(key);
+                            let eff = self.effectful.contains(&key);
+                            return self.call_def(module, cx, g, &def, eff, args, span);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        // `grad(f)(x, k = ..)`: the gradient takes f's parameters, so its
+        // call resolves keywords and defaults against f's definition.
+        if let ExprKind::Call {
+            callee: inner,
+            args: inner_args,
+        } = &*callee.kind
+        {
+            if let ExprKind::Name(d) = &*inner.kind {
+                let is_grad = (d == "grad" || d == "value_and_grad") && self.lookup(d).is_none();
+                if let (true, Some(first)) = (is_grad, inner_args.first()) {
+                    if let Some(def) = self.static_fn_def(module, &first.value) {
+                        let g = self.lower_expr(module, cx, callee)?;
+                        let Some(Const::Graph(target)) = self.m.as_const(g).cloned() else {
+                            unreachable!("grad(..) lowers to a graph constant")
+                        };
+                        return self.call_def(module, cx, target, &def, false, args, span);
+                    }
+                }
+            }
+        }
+        let f = self.lower_expr(module, cx, callee)?;
+        let mut vals = Vec::new();
+        for a in args {
+            if let Some(k) = &a.name {
+                return Err(Diagnostic::error(
+                    format!(
+                        "keyword argument `{}` needs a function known by name; \
+                         this call goes through a value",
+                        k.name
+                    ),
+                    k.span,
+                ));
+            }
+            vals.push(self.lower_expr(module, cx, &a.value)?);
+        }
+        self.call(cx, f, vals, false, span)
+    }
+
+    /// `grad(f, argnums = ..)`, `value_and_grad(f, ..)` (function values),
+    /// `vjp(f, x..)` and `jvp(f, (x..), (dx..))` (calls).
+    pub(super) fn lower_diff(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        which: &str,
+        args: &[ast::Arg],
+        span: Span,
+    ) -> R<NodeId> {
+        let Some(first) = args.first().filter(|a| a.name.is_none()) else {
+            return Err(Diagnostic::error(
+                format!("`{which}` needs the function to differentiate as its first argument"),
+                span,
+            ));
+        };
+        let target_fn = self.resolve_fn(module, cx, &first.value)?;
+        let mut argnums = None;
+        let mut rest = Vec::new();
+        for a in &args[1..] {
+            match &a.name {
+                Some(k) if k.name == "argnums" && which != "vjp" && which != "jvp" => {
+                    argnums = Some(static_ints(&a.value)?);
+                }
+                Some(k) => {
+                    return Err(Diagnostic::error(
+                        format!("`{which}` has no parameter named `{}`", k.name),
+                        k.span,
+                    ))
+                }
+                None => rest.push(a),
+            }
+        }
+        let kind = match which {
+            "grad" | "value_and_grad" => {
+                if !rest.is_empty() {
+                    return Err(Diagnostic::error(
+                        format!("`{which}(f)` takes only the function; call the result: `{which}(f)(x)`"),
+                        span,
+                    ));
+                }
+                AdKind::Grad {
+                    argnums: argnums.clone(),
+                    with_value: which == "value_and_grad",
+                }
+            }
+            "vjp" => AdKind::Vjp,
+            _ => {
+                if rest.len() != 2 {
+                    return Err(Diagnostic::error(
+                        "`jvp` takes the function, a tuple of primals and a tuple of tangents",
+                        span,
+                    ));
+                }
+                AdKind::Jvp
+            }
+        };
+        let (source, name) = match target_fn {
+            DiffTarget::Static(g, name) => (g, name),
+            DiffTarget::Value(f) => {
+                // A function value: differentiated when the program runs.
+                self.dynamic_ad = true;
+                let nums = argnums
+                    .iter()
+                    .flatten()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let args = [
+                    f,
+                    self.konst(Const::Str(which.into()), span),
+                    self.konst(Const::Str(nums.into()), span),
+                    self.konst(Const::Int(0), span),
+                ];
+                let d = self.m.add_prim(cx.graph, Prim::AdDyn, &args, loc(span));
+                if which == "grad" || which == "value_and_grad" {
+                    return Ok(d);
+                }
+                let mut vals = Vec::new();
+                for a in rest {
+                    vals.push(self.lower_expr(module, cx, &a.value)?);
+                }
+                return self.call(cx, d, vals, false, span);
+            }
+        };
+        let target = self.m.add_graph(format!("{which}.{name}"), loc(span));
+        self.ad_requests.push(AdRequest {
+            target,
+            source,
+            kind,
+            loc: loc(span),
+            name,
+        });
+        let callee = self.graph_ref(target, span);
+        if which == "grad" || which == "value_and_grad" {
+            return Ok(callee);
+        }
+        let mut vals = Vec::new();
+        for a in rest {
+            vals.push(self.lower_expr(module, cx, &a.value)?);
+        }
+        self.call(cx, callee, vals, false, span)
+    }
+
+    /// The definition of a function named by `e`, when it is one (for
+    /// keyword arguments and defaults).
+    pub(super) fn static_fn_def(&self, module: usize, e: &Expr) -> Option<Rc<FnDef>> {
+        let ExprKind::Name(n) = &*e.kind else {
+            return None;
+        };
+        match self.lookup(n) {
+            Some(Binding::LocalFn(f)) => Some(f.def.clone()),
+            Some(_) => None,
+            None => self.global_fn(module, n).map(|k| self.fn_def(k)),
+        }
+    }
+
+    /// What `grad(e)` differentiates: the graph of a function known at
+    /// compile time (a function name, a lambda, a module member, another
+    /// `grad(..)`), or else the function value `e` evaluates to.
+    pub(super) fn resolve_fn(&mut self, module: usize, cx: &mut Cx, e: &Expr) -> R<DiffTarget> {
+        let io = |n: &str| {
+            let mut d = Diagnostic::error(
+                format!("IO inside differentiated code: `{n}` prints or reads/writes files"),
+                e.span,
+            )
+            .with_note("move the IO out of the function that is differentiated");
+            // Show the IO itself when the function is a global one.
+            if let Some(def) = self.global_fn(module, n).map(|k| self.fn_def(k)) {
+                if let Some(at) = first_io_call(&def.body) {
+                    d = d.with_secondary(at, "the IO happens here");
+                }
+            }
+            d
+        };
+        match &*e.kind {
+            ExprKind::Name(n) => {
+                match self.lookup(n).cloned() {
+                    Some(Binding::LocalFn(f)) => {
+                        if f.effectful {
+                            return Err(io(n));
+                        }
+                        return Ok(DiffTarget::Static(f.graph, n.clone()));
+                    }
+                    Some(Binding::Val(v)) => {
+                        return Ok(match self.m.as_const(v) {
+                            Some(Const::Graph(g)) => DiffTarget::Static(*g, n.clone()),
+                            _ => DiffTarget::Value(v),
+                        })
+                    }
+                    Some(Binding::Var(v)) => {
+                        return match cx.vals.get(&v).copied() {
+                            Some(x) => Ok(match self.m.as_const(x) {
+                                Some(Const::Graph(g)) => DiffTarget::Static(*g, n.clone()),
+                                _ => DiffTarget::Value(x),
+                            }),
+                            None => Ok(DiffTarget::Value(self.lower_expr(module, cx, e)?)),
+                        }
+                    }
+                    None => {}
+                }
+                if let Some(key) = self.global_fn(module, n) {
+                    if self.effectful.contains(&key) {
+                        return Err(io(n));
+                    }
+                    return Ok(DiffTarget::Static(self.fn_graph(key), n.clone()));
+                }
+                if let Some(p) = self.prim_named(module, n) {
+                    if p.category() != prim::Category::Io {
+                        return Ok(DiffTarget::Static(self.prim_value(p, e.span), n.clone()));
+                    }
+                    return Err(io(n));
+                }
+                Err(self.unknown_name(module, n, e.span))
+            }
+            ExprKind::Field { .. } | ExprKind::Lambda { .. } | ExprKind::Call { .. } => {
+                let node = self.lower_expr(module, cx, e)?;
+                let name = match &*e.kind {
+                    ExprKind::Field { name, .. } => name.name.clone(),
+                    ExprKind::Lambda { .. } => "lambda".to_string(),
+                    _ => "fn".to_string(),
+                };
+                Ok(match self.m.as_const(node) {
+                    Some(Const::Graph(g)) => DiffTarget::Static(*g, name),
+                    _ => DiffTarget::Value(node),
+                })
+            }
+            _ => Ok(DiffTarget::Value(self.lower_expr(module, cx, e)?)),
+        }
+    }
+
+    pub(super) fn positional_only(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        args: &[ast::Arg],
+        n: usize,
+        what: &str,
+        span: Span,
+    ) -> R<Vec<NodeId>> {
+        if args.len() != n || args.iter().any(|a| a.name.is_some()) {
+            return Err(Diagnostic::error(
+                format!(
+                    "`{what}` takes {n} positional argument{}, got {}",
+                    if n == 1 { "" } else { "s" },
+                    args.len()
+                ),
+                span,
+            ));
+        }
+        args.iter()
+            .map(|a| self.lower_expr(module, cx, &a.value))
+            .collect()
+    }
+
+    /// A direct call of a function known by name: keyword arguments and
+    /// defaults are resolved against its definition.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn call_def(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        g: GraphId,
+        def: &FnDef,
+        effectful: bool,
+        args: &[ast::Arg],
+        span: Span,
+    ) -> R<NodeId> {
+        let name = &def.name.name;
+        let mut slots: Vec<Option<NodeId>> = vec![None; def.params.len()];
+        let mut positional = 0;
+        if let Some(bad) = positional_after_keyword(args) {
+            return Err(bad);
+        }
+        for a in args {
+            let idx = match &a.name {
+                None => {
+                    if positional >= def.params.len() {
+                        return Err(Diagnostic::error(
+                            format!(
+                                "`{name}` takes {} argument{}, got {}",
+                                def.params.len(),
+                                if def.params.len() == 1 { "" } else { "s" },
+                                args.len()
+                            ),
+                            span,
+                        )
+                        .with_secondary(def.name.span, "defined here"));
+                    }
+                    positional += 1;
+                    positional - 1
+                }
+                Some(k) => match def.params.iter().position(|p| p.name.name == k.name) {
+                    Some(i) => i,
+                    None => {
+                        return Err(Diagnostic::error(
+                            format!("`{name}` has no parameter named `{}`", k.name),
+                            k.span,
+                        )
+                        .with_secondary(def.name.span, "defined here"))
+                    }
+                },
+            };
+            if slots[idx].is_some() {
+                return Err(Diagnostic::error(
+                    format!("argument `{}` is given twice", def.params[idx].name.name),
+                    a.span,
+                ));
+            }
+            slots[idx] = Some(self.lower_expr(module, cx, &a.value)?);
+        }
+        let mut vals = Vec::new();
+        for (i, s) in slots.into_iter().enumerate() {
+            match s {
+                Some(v) => vals.push(v),
+                None => match &def.params[i].default {
+                    Some(d) => vals.push(self.lower_expr(module, cx, d)?),
+                    None => {
+                        return Err(Diagnostic::error(
+                            format!(
+                                "missing argument `{}` in call to `{name}`",
+                                def.params[i].name.name
+                            ),
+                            span,
+                        )
+                        .with_secondary(def.name.span, "defined here"))
+                    }
+                },
+            }
+        }
+        let callee = self.graph_ref(g, span);
+        self.call(cx, callee, vals, effectful, span)
+    }
+
+    pub(super) fn call_prim(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        p: Prim,
+        args: &[ast::Arg],
+        span: Span,
+    ) -> R<NodeId> {
+        let info = p.info();
+        let is_io = info.category == prim::Category::Io;
+        // The IO token is supplied here, not by the caller.
+        let params: Vec<_> = info.params.iter().skip(usize::from(is_io)).collect();
+        let mut slots: Vec<Option<NodeId>> = vec![None; params.len()];
+        let mut extra = Vec::new();
+        let mut positional = 0;
+        if let Some(bad) = positional_after_keyword(args) {
+            return Err(bad);
+        }
+        for a in args {
+            match &a.name {
+                None => {
+                    if positional < params.len() {
+                        slots[positional] = Some(self.lower_expr(module, cx, &a.value)?);
+                    } else if info.variadic {
+                        extra.push(self.lower_expr(module, cx, &a.value)?);
+                    } else {
+                        return Err(Diagnostic::error(
+                            format!(
+                                "`{}` takes at most {} argument{}, got {}",
+                                info.name,
+                                params.len(),
+                                if params.len() == 1 { "" } else { "s" },
+                                args.len()
+                            ),
+                            span,
+                        ));
+                    }
+                    positional += 1;
+                }
+                Some(k) => {
+                    let Some(i) = params.iter().position(|q| q.name == k.name) else {
+                        let names: Vec<_> = params.iter().map(|q| q.name).collect();
+                        return Err(Diagnostic::error(
+                            format!("`{}` has no parameter named `{}`", info.name, k.name),
+                            k.span,
+                        )
+                        .with_note(format!("its parameters are: {}", names.join(", "))));
+                    };
+                    if slots[i].is_some() {
+                        return Err(Diagnostic::error(
+                            format!("argument `{}` is given twice", k.name),
+                            a.span,
+                        ));
+                    }
+                    slots[i] = Some(self.lower_expr(module, cx, &a.value)?);
+                }
+            }
+        }
+        let mut vals = Vec::new();
+        for (i, s) in slots.into_iter().enumerate() {
+            match s {
+                Some(v) => vals.push(v),
+                None => match params[i].default {
+                    Some(d) => vals.push(self.konst(default_const(d), span)),
+                    None => {
+                        return Err(Diagnostic::error(
+                            format!(
+                                "missing argument `{}` in call to `{}`",
+                                params[i].name, info.name
+                            ),
+                            span,
+                        ))
+                    }
+                },
+            }
+        }
+        vals.extend(extra);
+        if !is_io {
+            return Ok(self.prim(cx, p, &vals, span));
+        }
+        let io_var = self.io_var(cx, span)?;
+        let mut all = vec![cx.vals[&io_var]];
+        all.extend(vals);
+        let r = self.prim(cx, p, &all, span);
+        if p.returns_io_pair() {
+            let io = self.tuple_get(cx, r, 0, span);
+            cx.vals.insert(io_var, io);
+            Ok(self.tuple_get(cx, r, 1, span))
+        } else {
+            cx.vals.insert(io_var, r);
+            Ok(self.unit(span))
+        }
+    }
+}
