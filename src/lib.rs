@@ -8,7 +8,8 @@
 //! [`Session::load_file`]); [`Session::function`] names one of its
 //! functions; a [`Function`] is called with [`Value`]s
 //! ([`Function::call`]) and transformed into other functions
-//! ([`Function::grad`], [`Function::value_and_grad`], [`Function::jvp`]).
+//! ([`Function::grad`], [`Function::value_and_grad`], [`Function::jvp`],
+//! [`Function::vjp`]).
 //! A function is compiled once per signature of its arguments (their
 //! dtypes and shapes) and the compiled code is kept, so calling it again
 //! costs only the run. Errors are [`SessionError`]s, which carry the
@@ -51,6 +52,13 @@ pub use adjoint_runtime::memory::CountingAlloc;
 /// long as the process (`main`); the `adjoint` command does. Returns
 /// whether it did (not on one core, nor once parallel kernels have run).
 pub use adjoint_runtime::threads::join_kernel_pool;
+
+/// Interrupting running programs from another thread or a signal handler
+/// (Ctrl-C): [`request_interrupt`] makes every program running in the
+/// process stop at its next call or loop iteration (native loops poll the
+/// same flag) with an `interrupted` error; [`clear_interrupt`] withdraws
+/// the request before more runs. [`interrupt_requested`] reads it.
+pub use adjoint_runtime::vm::{clear_interrupt, interrupt_requested, request_interrupt};
 
 pub mod env_options;
 
@@ -522,6 +530,19 @@ impl Session {
         }
     }
 
+    /// The names of the loaded program's functions (those of the root
+    /// file, not of its imports), in source order.
+    pub fn function_names(&self) -> Result<Vec<String>, SessionError> {
+        Ok(self
+            .program()?
+            .lowered
+            .functions
+            .iter()
+            .map(|(n, _)| n.clone())
+            .filter(|n| !n.starts_with("__adjoint_"))
+            .collect())
+    }
+
     /// The function `name` of the loaded program (a function of the root
     /// file), to call or to transform. It runs in the session's mode.
     pub fn function(&self, name: &str) -> Result<Function, SessionError> {
@@ -861,6 +882,25 @@ impl Function {
         self.arity
     }
 
+    /// The names of its parameters as written in the source (generated
+    /// names, `x0`, `x1`, ..., for transforms), without the IO token of a
+    /// function that prints.
+    pub fn param_names(&self) -> Vec<String> {
+        let Some(g) = self.loaded.program.function(&self.name) else {
+            return Vec::new();
+        };
+        let mut names = self
+            .loaded
+            .program
+            .lowered
+            .module
+            .graph(g)
+            .param_names
+            .clone();
+        names.truncate(self.arity);
+        names
+    }
+
     /// The mode it runs in.
     pub fn mode(&self) -> Mode {
         self.mode
@@ -971,6 +1011,33 @@ impl Function {
         })
     }
 
+    /// The gradient with respect to argument `argnum` alone, not wrapped
+    /// in a tuple: `grad(f, argnums = (k,))(x..).0` (JAX's
+    /// `grad(f, argnums = k)`).
+    pub fn grad_argnum(&self, argnum: usize) -> Result<Function, SessionError> {
+        if argnum == 0 {
+            return self.grad();
+        }
+        self.argnums(&[argnum])?;
+        self.wrap(&format!("grad{argnum}"), |f, xs| {
+            format!(" = grad({f}, argnums = ({argnum},))({xs}).0;")
+        })
+    }
+
+    /// `value_and_grad(f, argnums = k)` with the gradient not wrapped in a
+    /// tuple: `(f(x..), grad(f, argnums = k)(x..))`.
+    pub fn value_and_grad_argnum(&self, argnum: usize) -> Result<Function, SessionError> {
+        if argnum == 0 {
+            return self.value_and_grad();
+        }
+        self.argnums(&[argnum])?;
+        self.wrap(&format!("vg{argnum}"), |f, xs| {
+            format!(
+                " {{\n    let (v, g) = value_and_grad({f}, argnums = ({argnum},))({xs});\n    (v, g.0)\n}}"
+            )
+        })
+    }
+
     /// `value_and_grad(f)`: a function returning `(f(x..), grad(f)(x..))`
     /// from one forward pass.
     pub fn value_and_grad(&self) -> Result<Function, SessionError> {
@@ -1011,6 +1078,30 @@ impl Function {
         self.derive(&wrapper, &src)
     }
 
+    /// Reverse mode with the cotangent given: a function of one more
+    /// argument than this one, the point `x..` then the cotangent `dy` of
+    /// the result (of the result's structure), returning the tuple of the
+    /// arguments' cotangents, `pullback(dy)` where `(y, pullback) = vjp(f,
+    /// x..)` in the language. Each call runs the forward pass again.
+    pub fn vjp(&self) -> Result<Function, SessionError> {
+        let n = self.arity;
+        if n == 0 {
+            return Err(self.usage(format!(
+                "`{}` takes no arguments: there is nothing to differentiate",
+                self.name
+            )));
+        }
+        let xs: Vec<String> = (0..n).map(|i| format!("x{i}")).collect();
+        let wrapper = format!("__adjoint_vjp_{}", self.name);
+        let src = format!(
+            "fn {wrapper}({}, dy) {{\n    let (y, pullback) = vjp({}, {});\n    pullback(dy)\n}}\n",
+            xs.join(", "),
+            self.name,
+            xs.join(", ")
+        );
+        self.derive(&wrapper, &src)
+    }
+
     fn argnums(&self, argnums: &[usize]) -> Result<(String, String), SessionError> {
         if argnums.is_empty() {
             return Err(self.usage("`argnums` is empty".into()));
@@ -1044,14 +1135,20 @@ impl Function {
                 self.name
             )));
         }
+        self.wrap(tag, |f, xs| format!(" = {}({xs});", make(f)))
+    }
+
+    /// A function `__adjoint_{tag}_{f}(x0, x1, ..)` whose definition after
+    /// the parameter list is `body(f, "x0, x1, ..")`.
+    fn wrap(
+        &self,
+        tag: &str,
+        body: impl FnOnce(&str, &str) -> String,
+    ) -> Result<Function, SessionError> {
         let xs: Vec<String> = (0..self.arity).map(|i| format!("x{i}")).collect();
+        let xs = xs.join(", ");
         let wrapper = format!("__adjoint_{tag}_{}", self.name);
-        let src = format!(
-            "fn {wrapper}({}) = {}({});\n",
-            xs.join(", "),
-            make(&self.name),
-            xs.join(", ")
-        );
+        let src = format!("fn {wrapper}({xs}){}\n", body(&self.name, &xs));
         self.derive(&wrapper, &src)
     }
 
