@@ -102,7 +102,10 @@ pub(crate) fn to_value(x: &Bound<'_, PyAny>) -> Result<Value, ConvError> {
                 )));
             };
             let name = k.to_string();
-            let v = to_value(&v).map_err(|e| e.inside(format!("[{name:?}]")))?;
+            let v = to_value(&v).map_err(|e| {
+                let key = k.repr().map(|r| r.to_string()).unwrap_or_default();
+                e.inside(format!("[{key}]"))
+            })?;
             fields.push((Arc::from(name.as_str()), v));
         }
         return Ok(Value::record(fields));
@@ -175,11 +178,18 @@ fn copy_in<T: Element + numpy::Element + Copy>(
             "the array cannot be read (it is being written): {e}"
         ))
     })?;
-    let data: Vec<T> = match ro.as_slice() {
-        Ok(s) => s.to_vec(),
-        // Not C-contiguous (a transposed or strided view): gathered in
-        // row-major order.
-        Err(_) => ro.as_array().iter().copied().collect(),
+    // `as_slice` also accepts Fortran order, whose memory order is not
+    // the row-major order a tensor needs.
+    let slice = if a.is_c_contiguous() {
+        ro.as_slice().ok()
+    } else {
+        None
+    };
+    let data: Vec<T> = match slice {
+        Some(s) => s.to_vec(),
+        // Not C-contiguous (a transposed, Fortran-ordered or strided
+        // view): gathered in row-major order.
+        None => ro.as_array().iter().copied().collect(),
     };
     let shape = ro.shape().to_vec();
     Tensor::from_vec(data, &shape)
