@@ -809,6 +809,29 @@ fn parse_arg_types(text: &str) -> Result<Vec<adjoint_compiler::infer::AbsVal>, S
         .map_err(|e| SessionError::message(format!("cannot read the argument types: {e}")))
 }
 
+/// An argument's abstract type without the elements of its int and bool
+/// tensors of one or more dimensions (labels, index batches), keeping those
+/// of scalars: a program may build shapes and loop bounds from int
+/// scalars, so they are part of the signature code is compiled for, but a
+/// function called with a new batch of labels at every step must not be
+/// compiled again at every step.
+fn forget_array_values(v: AbsVal) -> AbsVal {
+    match v {
+        AbsVal::Tensor(mut t) if !t.shape.is_empty() => {
+            t.value = None;
+            AbsVal::Tensor(t)
+        }
+        AbsVal::Tuple(items) => AbsVal::Tuple(items.into_iter().map(forget_array_values).collect()),
+        AbsVal::Record(fields) => AbsVal::Record(
+            fields
+                .into_iter()
+                .map(|(n, v)| (n, forget_array_values(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 // Functions may be shared between threads.
 const _: () = {
     fn send_sync<T: Send + Sync>() {}
@@ -980,17 +1003,19 @@ impl Function {
         args.iter()
             .enumerate()
             .map(|(i, v)| {
-                AbsVal::from_value(v).ok_or_else(|| {
-                    SessionError::plain(
-                        format!(
-                            "argument {i} of `{}` is a {}, which cannot be passed from Rust",
-                            self.name,
-                            v.kind()
-                        ),
-                        &self.loaded.name,
-                        ErrorKind::Usage,
-                    )
-                })
+                AbsVal::from_value(v)
+                    .map(forget_array_values)
+                    .ok_or_else(|| {
+                        SessionError::plain(
+                            format!(
+                                "argument {i} of `{}` is a {}, which cannot be passed from Rust",
+                                self.name,
+                                v.kind()
+                            ),
+                            &self.loaded.name,
+                            ErrorKind::Usage,
+                        )
+                    })
             })
             .collect()
     }

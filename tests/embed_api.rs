@@ -301,3 +301,34 @@ fn one_argnum_gives_the_bare_gradient() {
     );
     assert!(f.grad_argnum(2).is_err());
 }
+
+#[test]
+fn new_int_arrays_of_the_same_shape_do_not_compile_again() {
+    let s = Session::new(Mode::Graph)
+        .load_source(
+            "l.adj",
+            "fn pick(x, labels) = sum(take(x, labels, axis = 0))\nfn count(n: i64) = sum(ones([n]))\n",
+        )
+        .unwrap();
+    let pick = s.function("pick").unwrap();
+    let x = Value::tensor_f64(&[1.0, 10.0, 100.0], &[3]).unwrap();
+    let labels = |v: &[i64]| Value::Tensor(adjoint::Tensor::from_vec(v.to_vec(), &[2]).unwrap());
+    let r = pick.call(&[x.clone(), labels(&[0, 2])]).unwrap();
+    assert_eq!(r.to_f64(), Some(101.0));
+    let compiled = pick.compiled_count();
+    let r = pick.call(&[x.clone(), labels(&[1, 1])]).unwrap();
+    assert_eq!(r.to_f64(), Some(20.0));
+    assert_eq!(pick.compiled_count(), compiled);
+    // Int scalars stay part of the signature: the program builds a shape
+    // from this one.
+    let count = s.function("count").unwrap();
+    assert_eq!(
+        count.call(&[Value::from(3i64)]).unwrap().to_f64(),
+        Some(3.0)
+    );
+    assert_eq!(
+        count.call(&[Value::from(5i64)]).unwrap().to_f64(),
+        Some(5.0)
+    );
+    assert_eq!(count.compiled_count(), compiled + 2);
+}
