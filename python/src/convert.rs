@@ -11,9 +11,10 @@
 //! `str` keys records (in the dict's order), `str` strings. Anything else
 //! with `__array__` goes through `numpy.asarray`.
 //!
-//! Out: a tensor of one or more dimensions becomes a NumPy array that
-//! takes over the result's buffer without a copy when nothing else holds
-//! it (a result that is also an input, or part of one, is copied); `f64`,
+//! Out: a tensor of one or more dimensions becomes a NumPy array; from
+//! 16 KiB up it takes over the result's buffer without a copy when nothing
+//! else holds it (a result that is also an input, or part of one, is
+//! copied), smaller ones are copied into an array NumPy allocates; `f64`,
 //! `i64` and bool scalars become Python `float`, `int` and `bool`; `f32`,
 //! `i32` and `u8` scalars NumPy scalars of their dtype; tuples tuples,
 //! records dicts, strings `str`.
@@ -173,26 +174,22 @@ fn array_to_value(a: &Bound<'_, PyUntypedArray>) -> Result<Value, ConvError> {
 fn copy_in<T: Element + numpy::Element + Copy>(
     a: &Bound<'_, PyArrayDyn<T>>,
 ) -> Result<Value, ConvError> {
-    let ro = a.try_readonly().map_err(|e| {
-        ConvError::new(format!(
-            "the array cannot be read (it is being written): {e}"
-        ))
-    })?;
-    // `as_slice` also accepts Fortran order, whose memory order is not
-    // the row-major order a tensor needs.
-    let slice = if a.is_c_contiguous() {
-        ro.as_slice().ok()
-    } else {
-        None
+    // SAFETY: the elements are read while this thread holds the GIL, so no
+    // Python code writes to them meanwhile; the views do not outlive the
+    // copy. (NumPy's borrow tracking, `try_readonly`, would guard against
+    // Rust code elsewhere holding a mutable view across a GIL release, at
+    // a cost of about a microsecond per array.)
+    let data: Vec<T> = unsafe {
+        // `as_slice` also accepts Fortran order, whose memory order is not
+        // the row-major order a tensor needs.
+        match a.is_c_contiguous().then(|| a.as_slice().ok()).flatten() {
+            Some(s) => s.to_vec(),
+            // Not C-contiguous (a transposed, Fortran-ordered or strided
+            // view): gathered in row-major order.
+            None => a.as_array().iter().copied().collect(),
+        }
     };
-    let data: Vec<T> = match slice {
-        Some(s) => s.to_vec(),
-        // Not C-contiguous (a transposed, Fortran-ordered or strided
-        // view): gathered in row-major order.
-        None => ro.as_array().iter().copied().collect(),
-    };
-    let shape = ro.shape().to_vec();
-    Tensor::from_vec(data, &shape)
+    Tensor::from_vec(data, a.shape())
         .map(Value::Tensor)
         .map_err(|e| ConvError::new(e.message))
 }
@@ -229,6 +226,10 @@ pub(crate) fn to_python(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
     })
 }
 
+/// Results from this size up become NumPy arrays over their own buffer;
+/// smaller ones are copied into arrays NumPy allocates.
+const TAKE_OVER_BYTES: usize = 16 << 10;
+
 fn tensor_to_python(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
     if t.shape().is_empty() {
         let np = || py.import("numpy");
@@ -262,6 +263,20 @@ fn tensor_to_python(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
     }
     fn array<T: Element + numpy::Element + Copy>(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
         let shape = t.shape().to_vec();
+        if t.len() * std::mem::size_of::<T>() < TAKE_OVER_BYTES {
+            // Small: a NumPy-allocated array and a copy cost less than an
+            // array over Rust memory (which needs an owner object).
+            let src = t.slice::<T>().unwrap_or_default();
+            // SAFETY: every element of the new array is written before it
+            // is returned; it is C-contiguous, so `as_slice_mut` succeeds.
+            unsafe {
+                let a = PyArrayDyn::<T>::new(py, IxDyn(&shape), false);
+                if let Ok(dst) = a.as_slice_mut() {
+                    dst.copy_from_slice(src);
+                }
+                return Ok(a.into_any().unbind());
+            }
+        }
         // The buffer itself when the result holds the only reference.
         let data = match t.into_vec::<T>() {
             Ok(v) => v,

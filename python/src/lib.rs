@@ -710,6 +710,35 @@ fn jvp(
     convert::to_python(py, r)
 }
 
+/// For benches/python_overhead.py: the seconds one call of `f` takes
+/// measured inside Rust (`Function::call_with_output` with the arguments
+/// converted once), the mean of `n` calls: the compiled function's own
+/// time, which the overhead of a call from Python is measured against.
+#[pyfunction]
+#[pyo3(name = "_native_call_time")]
+fn native_call_time(
+    py: Python<'_>,
+    f: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyTuple>,
+    n: usize,
+) -> PyResult<f64> {
+    let f = function_arg(py, "_native_call_time", f)?;
+    let f = f.get();
+    let values = f.convert_args(py, &f.label, args, None)?;
+    let func = &f.f;
+    py.detach(|| {
+        let mut sink = Vec::new();
+        func.call_with_output(&values, &mut sink)?;
+        let t = std::time::Instant::now();
+        for _ in 0..n.max(1) {
+            sink.clear();
+            func.call_with_output(&values, &mut sink)?;
+        }
+        Ok(t.elapsed().as_secs_f64() / n.max(1) as f64)
+    })
+    .map_err(|e: SessionError| session_error(py, &e))
+}
+
 /// The Python module `adjoint`.
 #[pymodule]
 #[pyo3(name = "adjoint")]
@@ -749,6 +778,7 @@ fn adjoint_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(value_and_grad, m)?)?;
     m.add_function(wrap_pyfunction!(vjp, m)?)?;
     m.add_function(wrap_pyfunction!(jvp, m)?)?;
+    m.add_function(wrap_pyfunction!(native_call_time, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

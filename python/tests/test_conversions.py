@@ -210,14 +210,23 @@ def test_functions_cannot_be_returned(m):
         m.closure(2.0)
 
 
-def test_outputs_take_over_the_result_buffer():
-    """A fresh result becomes the array's memory: writing to it changes
-    nothing else, and a result that is an input comes back as a copy."""
-    m = adjoint.loads("fn f(x) = x * 3.0\nfn same(x) = x\n")
-    a = np.ones(1000)
+@pytest.mark.parametrize("n", [10, 1000, 100_000])
+def test_outputs_are_arrays_of_their_own(n):
+    """Small results are copied into NumPy arrays, large ones become arrays
+    over their buffer: either way writing to one changes nothing else, and
+    a result that is an input comes back as a copy."""
+    m = adjoint.loads("fn f(x) = x * 3.0\nfn same(x) = x\nfn two(x) = (x * 2.0, x * 2.0)\n")
+    a = np.ones(n)
     r = m.f(a)
+    np.testing.assert_array_equal(r, np.full(n, 3.0))
     r[0] = 99.0
     assert a[0] == 1.0
     s = m.same(a)
     s[1] = 5.0
-    assert a[1] == 1.0
+    assert a[1] == 1.0 and s[1] == 5.0
+    p, q = m.two(a)
+    p[2] = -1.0
+    assert q[2] == 2.0
+    del r, s
+    # The arrays outlive the call's values.
+    np.testing.assert_array_equal(q, np.full(n, 2.0))
