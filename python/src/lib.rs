@@ -739,7 +739,11 @@ fn native_call_time(
     .map_err(|e: SessionError| session_error(py, &e))
 }
 
-/// The Python module `adjoint`.
+/// Adjoint from Python: load programs written in Adjoint's language
+/// (`load`, `loads`), call their functions on NumPy arrays and Python
+/// numbers (`m.loss(params, x, y)`), and differentiate them with
+/// transforms Adjoint compiles (`grad`, `value_and_grad`, `vjp`, `jvp`).
+/// See docs/python.md in the repository.
 #[pymodule]
 #[pyo3(name = "adjoint")]
 fn adjoint_module(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -32,7 +32,10 @@ def _cli():
 def cli():
     exe = _cli()
     if exe is None:
-        pytest.skip("no `adjoint` command built (cargo build --release)")
+        message = "no `adjoint` command built (cargo build --release)"
+        if os.environ.get("ADJOINT_REQUIRE_CLI"):
+            pytest.fail(message)
+        pytest.skip(message)
     return exe
 
 
