@@ -1103,6 +1103,51 @@ impl Function {
         self.derive(&wrapper, &src)
     }
 
+    /// The function called with only the parameters marked in `present`
+    /// (one flag per parameter), the others taking their default values
+    /// (`fn mlp(p, x, drop = 0.0)`): a function of the present ones, in
+    /// order. An error (when it is made, or called) if a parameter left
+    /// out has no default.
+    pub fn with_args(&self, present: &[bool]) -> Result<Function, SessionError> {
+        if present.len() != self.arity {
+            return Err(self.usage(format!(
+                "`{}` takes {} arguments, not {}",
+                self.name,
+                self.arity,
+                present.len()
+            )));
+        }
+        if present.iter().all(|p| *p) {
+            return Ok(self.clone());
+        }
+        let names = self.param_names();
+        let mask: String = present.iter().map(|p| if *p { '1' } else { '0' }).collect();
+        let wrapper = format!("__adjoint_call{mask}_{}", self.name);
+        let mut params = Vec::new();
+        let mut args = Vec::new();
+        // Positional up to the first parameter left out, by name after it.
+        let mut by_name = false;
+        for (i, (p, name)) in present.iter().zip(&names).enumerate() {
+            if !*p {
+                by_name = true;
+                continue;
+            }
+            params.push(format!("x{i}"));
+            args.push(if by_name {
+                format!("{name} = x{i}")
+            } else {
+                format!("x{i}")
+            });
+        }
+        let src = format!(
+            "fn {wrapper}({}) = {}({});\n",
+            params.join(", "),
+            self.name,
+            args.join(", ")
+        );
+        self.derive(&wrapper, &src)
+    }
+
     /// Reverse mode with the cotangent given: a function of one more
     /// argument than this one, the point `x..` then the cotangent `dy` of
     /// the result (of the result's structure), returning the tuple of the

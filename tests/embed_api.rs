@@ -332,3 +332,33 @@ fn new_int_arrays_of_the_same_shape_do_not_compile_again() {
     );
     assert_eq!(count.compiled_count(), compiled + 2);
 }
+
+#[test]
+fn parameters_left_out_take_their_defaults() {
+    let s = Session::new(Mode::Graph)
+        .load_source(
+            "d.adj",
+            "fn f(x, scale = 2.0, shift = 0.5) = x * scale + shift\n",
+        )
+        .unwrap();
+    let f = s.function("f").unwrap();
+    let call = |present: &[bool], args: &[f64]| {
+        let args: Vec<Value> = args.iter().map(|a| Value::from(*a)).collect();
+        f.with_args(present)
+            .unwrap()
+            .call(&args)
+            .unwrap()
+            .to_f64()
+            .unwrap()
+    };
+    assert_eq!(call(&[true, false, false], &[3.0]), 6.5);
+    assert_eq!(call(&[true, true, false], &[3.0, 10.0]), 30.5);
+    // A later parameter given, an earlier one left out: passed by name.
+    assert_eq!(call(&[true, false, true], &[3.0, 1.0]), 7.0);
+    assert_eq!(call(&[true, true, true], &[3.0, 1.0, 1.0]), 4.0);
+    // `x` has no default.
+    let g = f
+        .with_args(&[false, true, true])
+        .and_then(|g| g.call(&[Value::from(1.0), Value::from(1.0)]));
+    assert!(g.is_err());
+}

@@ -204,6 +204,52 @@ enum Derived {
     ValueAndGrad(Vec<usize>, bool),
     Jvp,
     Vjp,
+    /// Called with the parameters marked present, the others defaulted.
+    Partial(Vec<bool>),
+}
+
+/// The function transform `which` makes from `f`.
+fn apply(f: &adjoint::Function, which: &Derived) -> Result<adjoint::Function, SessionError> {
+    match which {
+        Derived::Grad(nums, single) => match (nums.as_slice(), single) {
+            ([0], true) => f.grad(),
+            ([k], true) => f.grad_argnum(*k),
+            _ => f.grad_argnums(nums),
+        },
+        Derived::ValueAndGrad(nums, single) => match (nums.as_slice(), single) {
+            ([0], true) => f.value_and_grad(),
+            ([k], true) => f.value_and_grad_argnum(*k),
+            _ => f.value_and_grad_argnums(nums),
+        },
+        Derived::Jvp => f.jvp(),
+        Derived::Vjp => f.vjp(),
+        Derived::Partial(present) => f.with_args(present),
+    }
+}
+
+impl Derived {
+    /// The same transform of the function called with only the parameters
+    /// marked in `present`: argnums renumbered among those.
+    fn among(&self, present: &[bool], label: &str) -> Result<Derived, SessionError> {
+        let renumber = |nums: &[usize]| -> Result<Vec<usize>, SessionError> {
+            nums.iter()
+                .map(|&k| {
+                    if present.get(k) == Some(&true) {
+                        Ok(present[..k].iter().filter(|p| **p).count())
+                    } else {
+                        Err(SessionError::message(format!(
+                            "`{label}` differentiates with respect to argument {k}, which was not given"
+                        )))
+                    }
+                })
+                .collect()
+        };
+        Ok(match self {
+            Derived::Grad(nums, single) => Derived::Grad(renumber(nums)?, *single),
+            Derived::ValueAndGrad(nums, single) => Derived::ValueAndGrad(renumber(nums)?, *single),
+            other => other.clone(),
+        })
+    }
 }
 
 /// A function of a loaded program, or one a transform made from it.
@@ -217,6 +263,10 @@ pub(crate) struct PyFunction {
     params: Vec<String>,
     /// The functions transforms made from this one, made once.
     derived: Mutex<HashMap<Derived, adjoint::Function>>,
+    /// For a transform of a function of the module: that function and the
+    /// transform, so that a call leaving out parameters with defaults can
+    /// transform the function called with those left out.
+    source: Option<(adjoint::Function, Derived)>,
 }
 
 impl PyFunction {
@@ -226,12 +276,22 @@ impl PyFunction {
             label,
             params,
             derived: Mutex::new(HashMap::new()),
+            source: None,
         }
     }
 
     /// The function transform `which` makes from this one (compiled by
     /// reloading the program with a wrapper: made once, then kept).
     fn derive(&self, py: Python<'_>, which: Derived) -> PyResult<adjoint::Function> {
+        self.derive_raw(py, which)
+            .map_err(|e| session_error(py, &e))
+    }
+
+    fn derive_raw(
+        &self,
+        py: Python<'_>,
+        which: Derived,
+    ) -> Result<adjoint::Function, SessionError> {
         let lock = |d: &Mutex<HashMap<Derived, adjoint::Function>>| {
             d.lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -241,22 +301,16 @@ impl PyFunction {
         if let Some(f) = lock(&self.derived) {
             return Ok(f);
         }
-        let f = &self.f;
-        let made = py.detach(|| match &which {
-            Derived::Grad(nums, single) => match (nums.as_slice(), single) {
-                ([0], true) => f.grad(),
-                ([k], true) => f.grad_argnum(*k),
-                _ => f.grad_argnums(nums),
-            },
-            Derived::ValueAndGrad(nums, single) => match (nums.as_slice(), single) {
-                ([0], true) => f.value_and_grad(),
-                ([k], true) => f.value_and_grad_argnum(*k),
-                _ => f.value_and_grad_argnums(nums),
-            },
-            Derived::Jvp => f.jvp(),
-            Derived::Vjp => f.vjp(),
-        });
-        let made = made.map_err(|e| session_error(py, &e))?;
+        let made = py.detach(|| match (&which, &self.source) {
+            // A transform called with parameters left out: the same
+            // transform of the function called with them left out, its
+            // argnums counted among the parameters given.
+            (Derived::Partial(present), Some((base, transform))) => {
+                let partial = base.with_args(present)?;
+                apply(&partial, &transform.among(present, &self.label)?)
+            }
+            _ => apply(&self.f, &which),
+        })?;
         self.derived
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -273,6 +327,22 @@ impl PyFunction {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Vec<Value>> {
+        let (values, present) = self.convert_some_args(py, what, args, kwargs, false)?;
+        debug_assert!(present.is_none());
+        Ok(values)
+    }
+
+    /// The arguments given converted, and when `defaults` allows some to be
+    /// left out (to take the defaults of the source) and some were, which
+    /// parameters were given.
+    fn convert_some_args(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        defaults: bool,
+    ) -> PyResult<(Vec<Value>, Option<Vec<bool>>)> {
         let n = self.params.len();
         let mut slots: Vec<Option<Bound<'_, PyAny>>> = vec![None; n.max(args.len())];
         for (i, a) in args.iter().enumerate() {
@@ -300,7 +370,10 @@ impl PyFunction {
             }
         }
         let given = slots.iter().filter(|s| s.is_some()).count();
-        if slots.len() != n || given != n {
+        let mut present = None;
+        if defaults && slots.len() == n && given < n {
+            present = Some(slots.iter().map(Option::is_some).collect::<Vec<bool>>());
+        } else if slots.len() != n || given != n {
             let missing: Vec<&str> = (0..n)
                 .filter(|i| slots[*i].is_none())
                 .map(|i| self.params[i].as_str())
@@ -320,11 +393,11 @@ impl PyFunction {
                 ),
             ));
         }
-        slots
+        let values = slots
             .into_iter()
             .enumerate()
+            .filter_map(|(i, a)| a.map(|a| (i, a)))
             .map(|(i, a)| {
-                let a = a.expect("every slot is filled");
                 convert::to_value(&a).map_err(|e| {
                     argument_error(
                         py,
@@ -335,7 +408,34 @@ impl PyFunction {
                     )
                 })
             })
-            .collect()
+            .collect::<PyResult<Vec<Value>>>()?;
+        Ok((values, present))
+    }
+
+    /// The error for a call that leaves out parameters without defaults.
+    fn missing_error(&self, py: Python<'_>, present: &[bool], e: &SessionError) -> PyErr {
+        let missing: Vec<&str> = (0..present.len())
+            .filter(|i| !present[*i])
+            .map(|i| self.params[i].as_str())
+            .collect();
+        let given = present.iter().filter(|p| **p).count();
+        argument_error(
+            py,
+            format!(
+                "`{}` takes {} argument{} ({}), but {given} {} given (missing: {}): {}",
+                self.label,
+                present.len(),
+                if present.len() == 1 { "" } else { "s" },
+                self.params.join(", "),
+                if given == 1 { "was" } else { "were" },
+                missing.join(", "),
+                if e.summary().contains("__adjoint_") {
+                    "they have no default"
+                } else {
+                    e.summary()
+                }
+            ),
+        )
     }
 }
 
@@ -369,8 +469,17 @@ impl PyFunction {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
-        let values = self.convert_args(py, &self.label, args, kwargs)?;
-        let result = run(py, &self.f, &values)?;
+        let (values, present) = self.convert_some_args(py, &self.label, args, kwargs, true)?;
+        let result = match present {
+            None => run(py, &self.f, &values)?,
+            // Parameters left out take the defaults written in the source.
+            Some(present) => {
+                let f = self
+                    .derive_raw(py, Derived::Partial(present.clone()))
+                    .map_err(|e| self.missing_error(py, &present, &e))?;
+                run(py, &f, &values)?
+            }
+        };
         convert::to_python(py, result)
     }
 
@@ -649,8 +758,12 @@ fn transform(
     } else {
         Derived::Grad(nums, single)
     };
-    let d = f.derive(py, which)?;
-    Ok(PyFunction::new(d, label, f.params.clone()))
+    let d = f.derive(py, which.clone())?;
+    let mut made = PyFunction::new(d, label, f.params.clone());
+    if f.source.is_none() {
+        made.source = Some((f.f.clone(), which));
+    }
+    Ok(made)
 }
 
 /// `(f(*args), pullback)`: `pullback(ct)` is the tuple of the arguments'

@@ -61,7 +61,8 @@ def test_wrong_numbers_of_arguments():
     m = adjoint.loads("fn loss(params, x, y) = sum(params * x) + y\n")
     with pytest.raises(adjoint.ArgumentError) as e:
         m.loss(1.0, 2.0)
-    assert str(e.value) == "`loss` takes 3 arguments (params, x, y), but 2 were given (missing: y)"
+    assert str(e.value) == ("`loss` takes 3 arguments (params, x, y), but 2 were given "
+                            "(missing: y): missing argument `y` in call to `loss`")
     with pytest.raises(adjoint.ArgumentError, match="takes 3 arguments .* but 4 were given"):
         m.loss(1.0, 2.0, 3.0, 4.0)
     assert isinstance(e.value, adjoint.AdjointError) and isinstance(e.value, TypeError)

@@ -213,3 +213,18 @@ def test_transform_arguments_are_checked(m):
     k = adjoint.loads("fn k() = 1.0\n")
     with pytest.raises(adjoint.AdjointError, match="nothing to differentiate"):
         adjoint.grad(k.k)
+
+
+def test_parameters_with_defaults_may_be_left_out():
+    m = adjoint.loads("fn g(x, s = 2.0, t = 1.0) = x * s * t\n", name="d.adj")
+    assert m.g(1.5) == 3.0
+    assert m.g(1.5, 3.0) == 4.5
+    assert m.g(1.5, t=4.0) == 12.0
+    # Transforms too: argnums count all the parameters.
+    assert adjoint.grad(m.g)(1.5) == 2.0
+    assert adjoint.grad(m.g, argnums=2)(1.5, t=3.0) == 3.0
+    assert adjoint.value_and_grad(m.g, argnums=(0, 2))(1.5, t=3.0) == (9.0, (6.0, 3.0))
+    with pytest.raises(adjoint.ArgumentError, match=r"missing: x, t"):
+        m.g(s=1.0)
+    with pytest.raises(adjoint.ArgumentError, match="argument 2, which was not given"):
+        adjoint.grad(m.g, argnums=2)(1.5)
