@@ -47,7 +47,8 @@ class Function:
     Calling it converts the arguments (see docs/python.md), compiles it for
     their dtypes and shapes on the first call with them (the code is kept),
     and runs it with the GIL released. Keyword arguments use the names of
-    the parameters in the source.
+    the parameters in the source; parameters with defaults in the source
+    may be left out.
     """
 
     __name__: str
