@@ -217,11 +217,14 @@ pub(crate) fn to_python(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
         // A symbolic zero that reached the result: no contribution.
         Value::Zero => PyFloat::new(py, 0.0).into_any().unbind(),
         other => {
-            return Err(crate::AdjointError::new_err(format!(
-                "the result is a {}, which cannot be returned to Python (return tensors, \
+            return Err(crate::usage_error(
+                py,
+                format!(
+                    "the result is a {}, which cannot be returned to Python (return tensors, \
                  numbers, tuples, records or strings)",
-                other.kind()
-            )))
+                    other.kind()
+                ),
+            ))
         }
     })
 }
@@ -283,7 +286,7 @@ fn tensor_to_python(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
             Err(t) => t.slice::<T>().map(<[T]>::to_vec).unwrap_or_default(),
         };
         let a = ArrayD::from_shape_vec(IxDyn(&shape), data)
-            .map_err(|e| crate::AdjointError::new_err(format!("internal error: {e}")))?;
+            .map_err(|e| crate::usage_error(py, format!("internal error: {e}")))?;
         Ok(a.into_pyarray(py).into_any().unbind())
     }
     match t.dtype() {

@@ -37,7 +37,22 @@ pub(crate) fn init(py: Python<'_>) -> PyResult<()> {
         .getattr("ident")?
         .extract()?;
     let _ = MAIN_THREAD.set(ident);
+    // Python's handler as it is now, so that a signal arriving while the
+    // first call installs ours finds it.
+    // SAFETY: a query of the current action into an initialised structure.
+    unsafe {
+        let mut now: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGINT, std::ptr::null(), &mut now) == 0 {
+            remember(&now);
+        }
+    }
     Ok(())
+}
+
+/// Records `action` as the handler ours chains to.
+fn remember(action: &libc::sigaction) {
+    PREVIOUS_SIGINFO.store(action.sa_flags & libc::SA_SIGINFO != 0, Ordering::SeqCst);
+    PREVIOUS.store(action.sa_sigaction, Ordering::SeqCst);
 }
 
 /// Whether this is Python's main thread (the one signals are handled on).
@@ -100,12 +115,16 @@ impl SigintGuard {
             if libc::sigaction(libc::SIGINT, &new, &mut old) != 0 {
                 return None;
             }
+            if old.sa_sigaction == new.sa_sigaction {
+                // Already ours: a call made from inside another (through a
+                // `sys.stdout` written in Python); the outer one restores.
+                return None;
+            }
             if old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN {
                 libc::sigaction(libc::SIGINT, &old, std::ptr::null_mut());
                 return None;
             }
-            PREVIOUS_SIGINFO.store(old.sa_flags & libc::SA_SIGINFO != 0, Ordering::SeqCst);
-            PREVIOUS.store(old.sa_sigaction, Ordering::SeqCst);
+            remember(&old);
             Some(SigintGuard { old })
         }
     }

@@ -101,3 +101,14 @@ def test_modes_and_repr():
     assert repr(m) == '<adjoint.Module "r.adj" (eager mode): a>'
     assert repr(m.a) == "<adjoint.Function a(x, y)>"
     assert m.a.result_type(np.ones(3, dtype=np.float32), 1.0) == "f32[3]"
+
+
+def test_every_adjoint_error_has_the_attributes():
+    m = adjoint.loads("fn closure(a) = |x| x * a\n")
+    with pytest.raises(adjoint.AdjointError) as e:
+        m.closure(1.0)
+    assert e.value.kind == "usage" and e.value.location is None
+    assert "function" in e.value.summary
+    with pytest.raises(adjoint.ArgumentError) as e:
+        m.closure({1})
+    assert e.value.kind == "argument" and e.value.location is None
