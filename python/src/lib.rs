@@ -448,7 +448,17 @@ impl PyFunction {
 
 /// Runs compiled code without the GIL; on the main thread with SIGINT
 /// routed to Adjoint's interrupt flag as well as to Python.
-fn run(py: Python<'_>, f: &adjoint::Function, args: &[Value]) -> PyResult<Value> {
+///
+/// A program error (a type or shape error found when the function is
+/// compiled for these arguments, a failure while it runs) gets a note with
+/// the call as Python made it: `label` and the arguments' names and types.
+fn run(
+    py: Python<'_>,
+    f: &adjoint::Function,
+    args: &[Value],
+    label: &str,
+    names: &[&str],
+) -> PyResult<Value> {
     let main = interrupt::on_main_thread();
     let result = py.detach(|| {
         let _sigint = if main {
@@ -464,7 +474,25 @@ fn run(py: Python<'_>, f: &adjoint::Function, args: &[Value]) -> PyResult<Value>
         // whatever the program's handler raises).
         py.check_signals()?;
     }
-    result.map_err(|e| session_error(py, &e))
+    result.map_err(|e| {
+        let e = if e.kind() == adjoint::ErrorKind::Program {
+            let described: Vec<String> = args
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match names.get(i) {
+                    Some(n) => format!("{n}: {}", convert::describe(v)),
+                    None => convert::describe(v),
+                })
+                .collect();
+            e.with_note(format!(
+                "called from Python as {label}({})",
+                described.join(", ")
+            ))
+        } else {
+            e
+        };
+        session_error(py, &e)
+    })
 }
 
 #[pymethods]
@@ -478,13 +506,23 @@ impl PyFunction {
     ) -> PyResult<Py<PyAny>> {
         let (values, present) = self.convert_some_args(py, &self.label, args, kwargs, true)?;
         let result = match present {
-            None => run(py, &self.f, &values)?,
+            None => {
+                let names: Vec<&str> = self.params.iter().map(String::as_str).collect();
+                run(py, &self.f, &values, &self.label, &names)?
+            }
             // Parameters left out take the defaults written in the source.
             Some(present) => {
                 let f = self
                     .derive_raw(py, Derived::Partial(present.clone()))
                     .map_err(|e| self.missing_error(py, &present, &e))?;
-                run(py, &f, &values)?
+                let names: Vec<&str> = self
+                    .params
+                    .iter()
+                    .zip(&present)
+                    .filter(|(_, p)| **p)
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                run(py, &f, &values, &self.label, &names)?
             }
         };
         convert::to_python(py, result)
@@ -587,7 +625,13 @@ impl Pullback {
         })?;
         let mut args = self.args.clone();
         args.push(ct);
-        let result = run(py, &self.f, &args)?;
+        let result = run(
+            py,
+            &self.f,
+            &args,
+            &format!("the pullback of {}", self.label),
+            &[],
+        )?;
         convert::to_python(py, result)
     }
 
@@ -787,7 +831,8 @@ fn vjp(
     let what = format!("vjp({})", f.label);
     let values = f.convert_args(py, &what, args, None)?;
     let pull = f.derive(py, Derived::Vjp)?;
-    let y = run(py, &f.f, &values)?;
+    let names: Vec<&str> = f.params.iter().map(String::as_str).collect();
+    let y = run(py, &f.f, &values, &f.label, &names)?;
     let y = convert::to_python(py, y)?;
     Ok((
         y,
@@ -834,7 +879,7 @@ fn jvp(
     let ts = f.convert_args(py, &format!("{what} tangents"), tangents.bind(py), None)?;
     values.extend(ts);
     let d = f.derive(py, Derived::Jvp)?;
-    let r = run(py, &d, &values)?;
+    let r = run(py, &d, &values, &format!("jvp({})", f.label), &[])?;
     convert::to_python(py, r)
 }
 
