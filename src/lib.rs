@@ -809,6 +809,30 @@ fn parse_arg_types(text: &str) -> Result<Vec<adjoint_compiler::infer::AbsVal>, S
         .map_err(|e| SessionError::message(format!("cannot read the argument types: {e}")))
 }
 
+/// The type of a value as the language writes it: `f64[]`, `(f32[3], i64[])`,
+/// `{w: f32[4, 3], b: f32[3]}` (other values by their kind: `function`).
+pub fn value_type(v: &Value) -> String {
+    match v {
+        Value::Tuple(items) => {
+            let parts: Vec<String> = items.iter().map(value_type).collect();
+            if parts.len() == 1 {
+                format!("({},)", parts[0])
+            } else {
+                format!("({})", parts.join(", "))
+            }
+        }
+        Value::Record(r) => {
+            let parts: Vec<String> = r
+                .fields
+                .iter()
+                .map(|(n, v)| format!("{n}: {}", value_type(v)))
+                .collect();
+            format!("{{{}}}", parts.join(", "))
+        }
+        other => other.kind(),
+    }
+}
+
 /// An argument's abstract type without the elements of its int and bool
 /// tensors of one or more dimensions (labels, index batches), keeping those
 /// of scalars: a program may build shapes and loop bounds from int

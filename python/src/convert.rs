@@ -194,30 +194,6 @@ fn copy_in<T: Element + numpy::Element + Copy>(
         .map_err(|e| ConvError::new(e.message))
 }
 
-/// A value's type as the language writes types: `f32[3]`, `(f64[], i64[])`,
-/// `{w: f32[2, 2], b: f32[2]}`.
-pub(crate) fn describe(v: &Value) -> String {
-    match v {
-        Value::Tuple(items) => {
-            let items: Vec<String> = items.iter().map(describe).collect();
-            if items.len() == 1 {
-                format!("({},)", items[0])
-            } else {
-                format!("({})", items.join(", "))
-            }
-        }
-        Value::Record(r) => {
-            let fields: Vec<String> = r
-                .fields
-                .iter()
-                .map(|(n, v)| format!("{n}: {}", describe(v)))
-                .collect();
-            format!("{{{}}}", fields.join(", "))
-        }
-        other => other.kind(),
-    }
-}
-
 /// The Python value of an Adjoint value.
 pub(crate) fn to_python(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
     Ok(match v {

@@ -480,8 +480,8 @@ fn run(
                 .iter()
                 .enumerate()
                 .map(|(i, v)| match names.get(i) {
-                    Some(n) => format!("{n}: {}", convert::describe(v)),
-                    None => convert::describe(v),
+                    Some(n) => format!("{n}: {}", adjoint::value_type(v)),
+                    None => adjoint::value_type(v),
                 })
                 .collect();
             e.with_note(format!(
