@@ -194,6 +194,103 @@ fn copy_in<T: Element + numpy::Element + Copy>(
         .map_err(|e| ConvError::new(e.message))
 }
 
+/// The structure, dtypes and shapes of a value, kept to check that a
+/// cotangent or a tangent has the type of what it goes with.
+pub(crate) enum Layout {
+    Tensor { dtype: DType, shape: Vec<usize> },
+    Tuple(Vec<Layout>),
+    Record(Vec<(Arc<str>, Layout)>),
+    Other,
+}
+
+impl Layout {
+    pub(crate) fn of(v: &Value) -> Layout {
+        match v {
+            Value::Tensor(t) => Layout::Tensor {
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+            },
+            Value::Tuple(items) => Layout::Tuple(items.iter().map(Layout::of).collect()),
+            Value::Record(r) => Layout::Record(
+                r.fields
+                    .iter()
+                    .map(|(n, v)| (n.clone(), Layout::of(v)))
+                    .collect(),
+            ),
+            _ => Layout::Other,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Layout::Tensor { dtype, shape } => {
+                let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+                format!("{dtype}[{}]", dims.join(", "))
+            }
+            Layout::Tuple(items) => {
+                let items: Vec<String> = items.iter().map(Layout::describe).collect();
+                format!(
+                    "({}{})",
+                    items.join(", "),
+                    if items.len() == 1 { "," } else { "" }
+                )
+            }
+            Layout::Record(fields) => {
+                let fields: Vec<String> = fields
+                    .iter()
+                    .map(|(n, l)| format!("{n}: {}", l.describe()))
+                    .collect();
+                format!("{{{}}}", fields.join(", "))
+            }
+            Layout::Other => "a value".into(),
+        }
+    }
+
+    /// Whether `v` fits where a value of this layout goes (a tangent of
+    /// this primal, a cotangent of this result): the same structure,
+    /// shapes and float dtype; a Python float (weak) takes the dtype it
+    /// meets. `Err` says where it does not.
+    pub(crate) fn admits(&self, v: &Value) -> Result<(), ConvError> {
+        let mismatch = || {
+            ConvError::new(format!(
+                "expected {}, got {}",
+                self.describe(),
+                adjoint::value_type(v)
+            ))
+        };
+        match (self, v) {
+            // Ints and bools have no derivative: what goes with them is
+            // the program's to judge.
+            (Layout::Tensor { dtype, .. }, _) if !dtype.is_float() => Ok(()),
+            (Layout::Tensor { dtype, shape }, Value::Tensor(t)) => {
+                let dtype_ok = t.dtype() == *dtype || (t.weak && dtype.is_float());
+                if t.shape() == shape.as_slice() && dtype_ok {
+                    Ok(())
+                } else {
+                    Err(mismatch())
+                }
+            }
+            (Layout::Tuple(items), Value::Tuple(vs)) if items.len() == vs.len() => {
+                for (i, (l, v)) in items.iter().zip(vs.iter()).enumerate() {
+                    l.admits(v).map_err(|e| e.inside(format!("[{i}]")))?;
+                }
+                Ok(())
+            }
+            (Layout::Record(fields), Value::Record(r))
+                if fields.len() == r.fields.len()
+                    && fields.iter().zip(&r.fields).all(|((a, _), (b, _))| a == b) =>
+            {
+                for ((n, l), (_, v)) in fields.iter().zip(&r.fields) {
+                    l.admits(v).map_err(|e| e.inside(format!("['{n}']")))?;
+                }
+                Ok(())
+            }
+            (Layout::Other, _) => Ok(()),
+            _ => Err(mismatch()),
+        }
+    }
+}
+
 /// The Python value of an Adjoint value.
 pub(crate) fn to_python(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
     Ok(match v {

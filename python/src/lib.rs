@@ -607,6 +607,8 @@ struct Pullback {
     f: adjoint::Function,
     label: String,
     args: Vec<Value>,
+    /// The result's type, which the cotangent must have.
+    result: convert::Layout,
 }
 
 #[pymethods]
@@ -619,6 +621,15 @@ impl Pullback {
                 py,
                 e.describe(&format!(
                     "the cotangent given to the pullback of `{}`",
+                    self.label
+                )),
+            )
+        })?;
+        self.result.admits(&ct).map_err(|e| {
+            argument_error(
+                py,
+                e.describe(&format!(
+                    "the cotangent given to the pullback of `{}` must have the result's type",
                     self.label
                 )),
             )
@@ -833,6 +844,7 @@ fn vjp(
     let pull = f.derive(py, Derived::Vjp)?;
     let names: Vec<&str> = f.params.iter().map(String::as_str).collect();
     let y = run(py, &f.f, &values, &f.label, &names)?;
+    let result = convert::Layout::of(&y);
     let y = convert::to_python(py, y)?;
     Ok((
         y,
@@ -840,6 +852,7 @@ fn vjp(
             f: pull,
             label: f.label.clone(),
             args: values,
+            result,
         },
     ))
 }
@@ -877,6 +890,18 @@ fn jvp(
     let what = format!("jvp({})", f.label);
     let mut values = f.convert_args(py, &format!("{what} primals"), primals.bind(py), None)?;
     let ts = f.convert_args(py, &format!("{what} tangents"), tangents.bind(py), None)?;
+    // A tangent has its primal's type (a Python float takes its dtype).
+    for (i, (x, t)) in values.iter().zip(&ts).enumerate() {
+        convert::Layout::of(x).admits(t).map_err(|e| {
+            argument_error(
+                py,
+                e.describe(&format!(
+                    "the tangent of argument `{}` (index {i}) of `{what}` must have its type",
+                    f.params[i]
+                )),
+            )
+        })?;
+    }
     values.extend(ts);
     let d = f.derive(py, Derived::Jvp)?;
     let r = run(py, &d, &values, &format!("jvp({})", f.label), &[])?;

@@ -228,3 +228,25 @@ def test_parameters_with_defaults_may_be_left_out():
         m.g(s=1.0)
     with pytest.raises(adjoint.ArgumentError, match="argument 2, which was not given"):
         adjoint.grad(m.g, argnums=2)(1.5)
+
+
+def test_tangents_and_cotangents_must_have_the_type_they_go_with():
+    m = adjoint.loads("fn g(x) = x * 2.0\nfn h(p) = (p.w * 2.0, p.b)\n")
+    x32 = np.ones(2, dtype=np.float32)
+    with pytest.raises(adjoint.ArgumentError,
+                       match=r"tangent of argument `x` \(index 0\).*expected f32\[2\], got f64\[2\]"):
+        adjoint.jvp(m.g, (x32,), (np.ones(2),))
+    _, pullback = adjoint.vjp(m.g, x32)
+    with pytest.raises(adjoint.ArgumentError, match=r"result's type: expected f32\[2\], got f64\[\]"):
+        pullback(1.0)
+    (ct,) = pullback(np.full(2, 3.0, dtype=np.float32))
+    assert ct.dtype == np.float32
+    np.testing.assert_array_equal(ct, [6.0, 6.0])
+    _, pullback = adjoint.vjp(m.h, {"w": np.ones(2), "b": 1.0})
+    with pytest.raises(adjoint.ArgumentError, match=r"at \[0\]: expected f64\[2\], got f64\[3\]"):
+        pullback((np.ones(3), 1.0))
+    # A Python float is weakly typed: it fits a scalar of any float dtype.
+    (ct,) = pullback((np.ones(2), 2.0))
+    assert ct["b"] == 2.0
+    y, t = adjoint.jvp(m.g, (np.float32(1.0),), (1.0,))
+    assert type(t) is np.float32 and t == 2.0
