@@ -144,6 +144,11 @@ fn items_to_value<'py>(items: impl Iterator<Item = Bound<'py, PyAny>>) -> Result
 }
 
 fn array_to_value(a: &Bound<'_, PyUntypedArray>) -> Result<Value, ConvError> {
+    if !a.is_aligned() {
+        // Elements at addresses their type may not be read from (an array
+        // over a byte buffer at an odd offset): an aligned copy first.
+        return normalised(a, false);
+    }
     fn typed<T: Element + numpy::Element + Copy>(
         a: &Bound<'_, PyUntypedArray>,
     ) -> Option<Result<Value, ConvError>> {
@@ -160,6 +165,11 @@ fn array_to_value(a: &Bound<'_, PyUntypedArray>) -> Result<Value, ConvError> {
         return v;
     }
     let dtype = a.dtype();
+    if !is_native(&dtype) {
+        // A supported dtype in the other byte order: converted to this
+        // machine's.
+        return normalised(a, true);
+    }
     let name = dtype
         .str()
         .map(|s| s.to_string())
@@ -168,6 +178,39 @@ fn array_to_value(a: &Bound<'_, PyUntypedArray>) -> Result<Value, ConvError> {
         "a NumPy array of dtype {name} is not supported; expected float32, float64, int32, \
          int64, bool or uint8 (in native byte order); convert it with .astype(...)"
     )))
+}
+
+/// Whether a dtype is in this machine's byte order (NumPy's
+/// `dtype.isnative`).
+fn is_native(dtype: &Bound<'_, numpy::PyArrayDescr>) -> bool {
+    dtype
+        .getattr("isnative")
+        .and_then(|v| v.extract::<bool>())
+        .unwrap_or(true)
+}
+
+/// An aligned C-contiguous copy of `a` (in native byte order when
+/// `native`), converted.
+fn normalised(a: &Bound<'_, PyUntypedArray>, native: bool) -> Result<Value, ConvError> {
+    let copy = (|| -> PyResult<Bound<'_, PyAny>> {
+        let dtype = a.dtype();
+        let dtype = if native {
+            dtype.call_method1("newbyteorder", ("=",))?
+        } else {
+            dtype.into_any()
+        };
+        // `astype` always copies, into memory NumPy allocates (aligned).
+        let kwargs = pyo3::types::PyDict::new(a.py());
+        kwargs.set_item("order", "C")?;
+        a.call_method("astype", (dtype,), Some(&kwargs))
+    })()
+    .map_err(|e| ConvError::new(format!("the array could not be copied: {e}")))?;
+    match copy.cast::<PyUntypedArray>() {
+        Ok(c) if c.is_aligned() && (!native || is_native(&c.dtype())) => array_to_value(c),
+        _ => Err(ConvError::new(
+            "the array could not be converted to an aligned one in native byte order".into(),
+        )),
+    }
 }
 
 /// The array's elements copied into a tensor (row-major).

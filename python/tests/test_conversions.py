@@ -230,3 +230,20 @@ def test_outputs_are_arrays_of_their_own(n):
     del r, s
     # The arrays outlive the call's values.
     np.testing.assert_array_equal(q, np.full(n, 2.0))
+
+
+def test_unaligned_and_byte_swapped_arrays_are_read_right(m):
+    # float64 elements at an odd offset in a byte buffer: not aligned.
+    raw = np.arange(8 * 5 + 1, dtype=np.uint8)
+    unaligned = np.frombuffer(raw.data, dtype=np.float64, count=5, offset=1)
+    assert not unaligned.flags.aligned
+    expected = np.frombuffer(raw.tobytes()[1:], dtype=np.float64)
+    np.testing.assert_array_equal(m.ident(unaligned), expected)
+    # The other byte order: converted to this machine's.
+    for dtype in [np.float32, np.float64, np.int32, np.int64]:
+        a = np.arange(6, dtype=dtype).reshape(2, 3)
+        swapped = a.astype(a.dtype.newbyteorder("S"))
+        assert not swapped.dtype.isnative
+        r = m.ident(swapped)
+        assert r.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(r, a)
