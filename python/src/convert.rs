@@ -176,7 +176,7 @@ fn array_to_value(a: &Bound<'_, PyUntypedArray>) -> Result<Value, ConvError> {
         .unwrap_or_else(|_| "unknown".into());
     Err(ConvError::new(format!(
         "a NumPy array of dtype {name} is not supported; expected float32, float64, int32, \
-         int64, bool or uint8 (in native byte order); convert it with .astype(...)"
+         int64, bool or uint8; convert it with .astype(...)"
     )))
 }
 
