@@ -971,6 +971,10 @@ fn adjoint_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ArgumentError", &class)?;
     let _ = ARGUMENT_ERROR.set(class.unbind());
     interrupt::init(py)?;
+    // NumPy's C API is imported now, not lazily at the first conversion: a
+    // lazy import runs Python code in the middle of a call, where a
+    // pending signal's handler could raise into it.
+    let _ = numpy::dtype::<f64>(py);
     m.add_class::<PyProgram>()?;
     m.add_class::<PyFunction>()?;
     m.add_class::<Pullback>()?;

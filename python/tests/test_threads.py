@@ -118,10 +118,13 @@ def test_ctrl_c_interrupts_a_long_call(which):
         import adjoint
         src = "fn spin(n) = if n < 0 {{ n }} else {{ spin(n + 1) }}\\nfn sq(x) = x * x\\n"
         m = adjoint.loads(src, mode={"'graph'" if which == "native" else "'eager'"})
+        # Compiled first (float arguments are not part of the signature),
+        # so that the signal comes while the loop runs.
+        m.spin(-1.0)
         threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         t = time.perf_counter()
         try:
-            m.spin(0)
+            m.spin(0.0)
             print("returned")
         except KeyboardInterrupt:
             print("KeyboardInterrupt", round(time.perf_counter() - t, 1))
@@ -147,14 +150,16 @@ def test_a_python_sigint_handler_still_runs():
         def handler(sig, frame):
             raise Stop()
         signal.signal(signal.SIGINT, handler)
+        m.spin(-1.0)
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         try:
-            m.spin(0)
+            m.spin(0.0)
         except Stop:
             print("handler ran")
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "handler ran", out.stdout + out.stderr
 
 
