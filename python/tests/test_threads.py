@@ -86,6 +86,11 @@ def test_two_threads_run_compiled_code_at_once(mode):
     ratio, ref = min(tries)
     print(f"{mode}: two calls on two threads take {ratio:.2f} of their time in turn "
           f"(hashing: {ref:.2f}); {tries}")
+    if ratio >= max(0.8, ref + 0.15) and os.getloadavg()[0] > (os.cpu_count() or 1):
+        # Other processes hold the cores: two threads cannot be faster
+        # than one (the calls did overlap, which `pair` checked).
+        pytest.skip(f"the machine is too busy to measure a speed-up: load "
+                    f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {tries}")
     assert ratio < max(0.8, ref + 0.15), tries
 
 
