@@ -8,7 +8,8 @@
 //! [`Session::load_file`]); [`Session::function`] names one of its
 //! functions; a [`Function`] is called with [`Value`]s
 //! ([`Function::call`]) and transformed into other functions
-//! ([`Function::grad`], [`Function::value_and_grad`], [`Function::jvp`]).
+//! ([`Function::grad`], [`Function::value_and_grad`], [`Function::jvp`],
+//! [`Function::vjp`]).
 //! A function is compiled once per signature of its arguments (their
 //! dtypes and shapes) and the compiled code is kept, so calling it again
 //! costs only the run. Errors are [`SessionError`]s, which carry the
@@ -51,6 +52,13 @@ pub use adjoint_runtime::memory::CountingAlloc;
 /// long as the process (`main`); the `adjoint` command does. Returns
 /// whether it did (not on one core, nor once parallel kernels have run).
 pub use adjoint_runtime::threads::join_kernel_pool;
+
+/// Interrupting running programs from another thread or a signal handler
+/// (Ctrl-C): [`request_interrupt`] makes every program running in the
+/// process stop at its next call or loop iteration (native loops poll the
+/// same flag) with an `interrupted` error; [`clear_interrupt`] withdraws
+/// the request before more runs. [`interrupt_requested`] reads it.
+pub use adjoint_runtime::vm::{clear_interrupt, interrupt_requested, request_interrupt};
 
 pub mod env_options;
 
@@ -522,6 +530,19 @@ impl Session {
         }
     }
 
+    /// The names of the loaded program's functions (those of the root
+    /// file, not of its imports), in source order.
+    pub fn function_names(&self) -> Result<Vec<String>, SessionError> {
+        Ok(self
+            .program()?
+            .lowered
+            .functions
+            .iter()
+            .map(|(n, _)| n.clone())
+            .filter(|n| !n.starts_with("__adjoint_"))
+            .collect())
+    }
+
     /// The function `name` of the loaded program (a function of the root
     /// file), to call or to transform. It runs in the session's mode.
     pub fn function(&self, name: &str) -> Result<Function, SessionError> {
@@ -788,6 +809,53 @@ fn parse_arg_types(text: &str) -> Result<Vec<adjoint_compiler::infer::AbsVal>, S
         .map_err(|e| SessionError::message(format!("cannot read the argument types: {e}")))
 }
 
+/// The type of a value as the language writes it: `f64[]`, `(f32[3], i64[])`,
+/// `{w: f32[4, 3], b: f32[3]}` (other values by their kind: `function`).
+pub fn value_type(v: &Value) -> String {
+    match v {
+        Value::Tuple(items) => {
+            let parts: Vec<String> = items.iter().map(value_type).collect();
+            if parts.len() == 1 {
+                format!("({},)", parts[0])
+            } else {
+                format!("({})", parts.join(", "))
+            }
+        }
+        Value::Record(r) => {
+            let parts: Vec<String> = r
+                .fields
+                .iter()
+                .map(|(n, v)| format!("{n}: {}", value_type(v)))
+                .collect();
+            format!("{{{}}}", parts.join(", "))
+        }
+        other => other.kind(),
+    }
+}
+
+/// An argument's abstract type without the elements of its int and bool
+/// tensors of one or more dimensions (labels, index batches), keeping those
+/// of scalars: a program may build shapes and loop bounds from int
+/// scalars, so they are part of the signature code is compiled for, but a
+/// function called with a new batch of labels at every step must not be
+/// compiled again at every step.
+fn forget_array_values(v: AbsVal) -> AbsVal {
+    match v {
+        AbsVal::Tensor(mut t) if !t.shape.is_empty() => {
+            t.value = None;
+            AbsVal::Tensor(t)
+        }
+        AbsVal::Tuple(items) => AbsVal::Tuple(items.into_iter().map(forget_array_values).collect()),
+        AbsVal::Record(fields) => AbsVal::Record(
+            fields
+                .into_iter()
+                .map(|(n, v)| (n, forget_array_values(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 // Functions may be shared between threads.
 const _: () = {
     fn send_sync<T: Send + Sync>() {}
@@ -859,6 +927,25 @@ impl Function {
     /// How many arguments it takes.
     pub fn arity(&self) -> usize {
         self.arity
+    }
+
+    /// The names of its parameters as written in the source (generated
+    /// names, `x0`, `x1`, ..., for transforms), without the IO token of a
+    /// function that prints.
+    pub fn param_names(&self) -> Vec<String> {
+        let Some(g) = self.loaded.program.function(&self.name) else {
+            return Vec::new();
+        };
+        let mut names = self
+            .loaded
+            .program
+            .lowered
+            .module
+            .graph(g)
+            .param_names
+            .clone();
+        names.truncate(self.arity);
+        names
     }
 
     /// The mode it runs in.
@@ -940,17 +1027,19 @@ impl Function {
         args.iter()
             .enumerate()
             .map(|(i, v)| {
-                AbsVal::from_value(v).ok_or_else(|| {
-                    SessionError::plain(
-                        format!(
-                            "argument {i} of `{}` is a {}, which cannot be passed from Rust",
-                            self.name,
-                            v.kind()
-                        ),
-                        &self.loaded.name,
-                        ErrorKind::Usage,
-                    )
-                })
+                AbsVal::from_value(v)
+                    .map(forget_array_values)
+                    .ok_or_else(|| {
+                        SessionError::plain(
+                            format!(
+                                "argument {i} of `{}` is a {}, which cannot be passed from Rust",
+                                self.name,
+                                v.kind()
+                            ),
+                            &self.loaded.name,
+                            ErrorKind::Usage,
+                        )
+                    })
             })
             .collect()
     }
@@ -968,6 +1057,33 @@ impl Function {
         let (tag, list) = self.argnums(argnums)?;
         self.transform(&format!("grad{tag}"), |f| {
             format!("grad({f}, argnums = ({list}))")
+        })
+    }
+
+    /// The gradient with respect to argument `argnum` alone, not wrapped
+    /// in a tuple: `grad(f, argnums = (k,))(x..).0` (JAX's
+    /// `grad(f, argnums = k)`).
+    pub fn grad_argnum(&self, argnum: usize) -> Result<Function, SessionError> {
+        if argnum == 0 {
+            return self.grad();
+        }
+        self.argnums(&[argnum])?;
+        self.wrap(&format!("grad{argnum}"), |f, xs| {
+            format!(" = grad({f}, argnums = ({argnum},))({xs}).0;")
+        })
+    }
+
+    /// `value_and_grad(f, argnums = k)` with the gradient not wrapped in a
+    /// tuple: `(f(x..), grad(f, argnums = k)(x..))`.
+    pub fn value_and_grad_argnum(&self, argnum: usize) -> Result<Function, SessionError> {
+        if argnum == 0 {
+            return self.value_and_grad();
+        }
+        self.argnums(&[argnum])?;
+        self.wrap(&format!("vg{argnum}"), |f, xs| {
+            format!(
+                " {{\n    let (v, g) = value_and_grad({f}, argnums = ({argnum},))({xs});\n    (v, g.0)\n}}"
+            )
         })
     }
 
@@ -1011,6 +1127,75 @@ impl Function {
         self.derive(&wrapper, &src)
     }
 
+    /// The function called with only the parameters marked in `present`
+    /// (one flag per parameter), the others taking their default values
+    /// (`fn mlp(p, x, drop = 0.0)`): a function of the present ones, in
+    /// order. An error (when it is made, or called) if a parameter left
+    /// out has no default.
+    pub fn with_args(&self, present: &[bool]) -> Result<Function, SessionError> {
+        if present.len() != self.arity {
+            return Err(self.usage(format!(
+                "`{}` takes {} arguments, not {}",
+                self.name,
+                self.arity,
+                present.len()
+            )));
+        }
+        if present.iter().all(|p| *p) {
+            return Ok(self.clone());
+        }
+        let names = self.param_names();
+        let mask: String = present.iter().map(|p| if *p { '1' } else { '0' }).collect();
+        let wrapper = format!("__adjoint_call{mask}_{}", self.name);
+        let mut params = Vec::new();
+        let mut args = Vec::new();
+        // Positional up to the first parameter left out, by name after it.
+        let mut by_name = false;
+        for (i, (p, name)) in present.iter().zip(&names).enumerate() {
+            if !*p {
+                by_name = true;
+                continue;
+            }
+            params.push(format!("x{i}"));
+            args.push(if by_name {
+                format!("{name} = x{i}")
+            } else {
+                format!("x{i}")
+            });
+        }
+        let src = format!(
+            "fn {wrapper}({}) = {}({});\n",
+            params.join(", "),
+            self.name,
+            args.join(", ")
+        );
+        self.derive(&wrapper, &src)
+    }
+
+    /// Reverse mode with the cotangent given: a function of one more
+    /// argument than this one, the point `x..` then the cotangent `dy` of
+    /// the result (of the result's structure), returning the tuple of the
+    /// arguments' cotangents, `pullback(dy)` where `(y, pullback) = vjp(f,
+    /// x..)` in the language. Each call runs the forward pass again.
+    pub fn vjp(&self) -> Result<Function, SessionError> {
+        let n = self.arity;
+        if n == 0 {
+            return Err(self.usage(format!(
+                "`{}` takes no arguments: there is nothing to differentiate",
+                self.name
+            )));
+        }
+        let xs: Vec<String> = (0..n).map(|i| format!("x{i}")).collect();
+        let wrapper = format!("__adjoint_vjp_{}", self.name);
+        let src = format!(
+            "fn {wrapper}({}, dy) {{\n    let (y, pullback) = vjp({}, {});\n    pullback(dy)\n}}\n",
+            xs.join(", "),
+            self.name,
+            xs.join(", ")
+        );
+        self.derive(&wrapper, &src)
+    }
+
     fn argnums(&self, argnums: &[usize]) -> Result<(String, String), SessionError> {
         if argnums.is_empty() {
             return Err(self.usage("`argnums` is empty".into()));
@@ -1044,14 +1229,20 @@ impl Function {
                 self.name
             )));
         }
+        self.wrap(tag, |f, xs| format!(" = {}({xs});", make(f)))
+    }
+
+    /// A function `__adjoint_{tag}_{f}(x0, x1, ..)` whose definition after
+    /// the parameter list is `body(f, "x0, x1, ..")`.
+    fn wrap(
+        &self,
+        tag: &str,
+        body: impl FnOnce(&str, &str) -> String,
+    ) -> Result<Function, SessionError> {
         let xs: Vec<String> = (0..self.arity).map(|i| format!("x{i}")).collect();
+        let xs = xs.join(", ");
         let wrapper = format!("__adjoint_{tag}_{}", self.name);
-        let src = format!(
-            "fn {wrapper}({}) = {}({});\n",
-            xs.join(", "),
-            make(&self.name),
-            xs.join(", ")
-        );
+        let src = format!("fn {wrapper}({xs}){}\n", body(&self.name, &xs));
         self.derive(&wrapper, &src)
     }
 

@@ -493,13 +493,17 @@ impl Repl {
             .iter()
             .enumerate()
             .map(|(i, x)| match param_names.get(i) {
-                Some(n) => format!("{n}: {}", value_type(x)),
-                None => value_type(x),
+                Some(n) => format!("{n}: {}", adjoint::value_type(x)),
+                None => adjoint::value_type(x),
             })
             .collect();
         write_out(
             out,
-            &format!("grad({f}) : ({}) -> {}\n", sig.join(", "), value_type(&g)),
+            &format!(
+                "grad({f}) : ({}) -> {}\n",
+                sig.join(", "),
+                adjoint::value_type(&g)
+            ),
         );
         print_value(&g, out);
         Ok(())
@@ -579,30 +583,6 @@ fn first_word(s: &str) -> &str {
         .find(|c: char| !(c.is_alphanumeric() || c == '_'))
         .unwrap_or(s.len());
     &s[..end]
-}
-
-/// The type of a value as the language writes it: `f64[]`, `(f32[3], i64[])`,
-/// `{w: f32[4, 3], b: f32[3]}`.
-fn value_type(v: &Value) -> String {
-    match v {
-        Value::Tuple(items) => {
-            let parts: Vec<String> = items.iter().map(value_type).collect();
-            if parts.len() == 1 {
-                format!("({},)", parts[0])
-            } else {
-                format!("({})", parts.join(", "))
-            }
-        }
-        Value::Record(r) => {
-            let parts: Vec<String> = r
-                .fields
-                .iter()
-                .map(|(n, v)| format!("{n}: {}", value_type(v)))
-                .collect();
-            format!("{{{}}}", parts.join(", "))
-        }
-        other => other.kind(),
-    }
 }
 
 fn print_value(v: &Value, out: &mut dyn Write) {

@@ -231,3 +231,134 @@ fn files_load_with_their_imports_and_errors_locate() {
     assert_eq!(missing.err().unwrap().kind(), ErrorKind::Io);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn vjp_takes_the_cotangent_and_gives_one_per_argument() {
+    for mode in [Mode::Graph, Mode::Eager] {
+        let s = Session::new(mode)
+            .load_source(
+                "v.adj",
+                "fn f(x, y) = (x * y, [sin(x), y])\nfn g(a) = a * 2.0\n",
+            )
+            .unwrap();
+        assert_eq!(s.function_names().unwrap(), vec!["f", "g"]);
+        let f = s.function("f").unwrap();
+        assert_eq!(f.param_names(), vec!["x", "y"]);
+        let vjp = f.vjp().unwrap();
+        assert_eq!(vjp.arity(), 3);
+        let (x, y) = (0.4f64, 1.7f64);
+        // The cotangent has the result's structure: (scalar, vector).
+        let dy = Value::tuple(vec![
+            Value::from(0.5),
+            Value::tensor_f64(&[2.0, -3.0], &[2]).unwrap(),
+        ]);
+        let r = vjp.call(&[x.into(), y.into(), dy]).unwrap();
+        let r = r.as_tuple().unwrap();
+        assert_eq!(r.len(), 2);
+        // d/dx = 0.5 y + 2 cos x; d/dy = 0.5 x - 3.
+        let dx = r[0].to_f64().unwrap();
+        let dyy = r[1].to_f64().unwrap();
+        assert!((dx - (0.5 * y + 2.0 * x.cos())).abs() < 1e-12, "{dx}");
+        assert!((dyy - (0.5 * x - 3.0)).abs() < 1e-12, "{dyy}");
+        // The transform keeps the names: the generated ones.
+        assert_eq!(vjp.param_names(), vec!["x0", "x1", "dy"]);
+        // A function without arguments has no vjp.
+        let none = Session::new(mode)
+            .load_source("n.adj", "fn k() = 1.0\n")
+            .unwrap();
+        let err = none.function("k").unwrap().vjp().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Usage);
+    }
+}
+
+#[test]
+fn one_argnum_gives_the_bare_gradient() {
+    let s = Session::new(Mode::Graph)
+        .load_source("a.adj", "fn f(x, y) = x * y * y\n")
+        .unwrap();
+    let f = s.function("f").unwrap();
+    let (x, y) = (1.5f64, -2.0f64);
+    let g1 = f.grad_argnum(1).unwrap();
+    assert_eq!(
+        g1.call(&[x.into(), y.into()]).unwrap().to_f64(),
+        Some(2.0 * x * y)
+    );
+    let g0 = f.grad_argnum(0).unwrap();
+    assert_eq!(
+        g0.call(&[x.into(), y.into()]).unwrap().to_f64(),
+        Some(y * y)
+    );
+    let vg = f.value_and_grad_argnum(1).unwrap();
+    let r = vg.call(&[x.into(), y.into()]).unwrap();
+    let r = r.as_tuple().unwrap();
+    assert_eq!(r[0].to_f64(), Some(x * y * y));
+    assert_eq!(r[1].to_f64(), Some(2.0 * x * y));
+    // Second derivative in y through the bare gradient: 2 x.
+    let h = g1.grad_argnum(1).unwrap();
+    assert_eq!(
+        h.call(&[x.into(), y.into()]).unwrap().to_f64(),
+        Some(2.0 * x)
+    );
+    assert!(f.grad_argnum(2).is_err());
+}
+
+#[test]
+fn new_int_arrays_of_the_same_shape_do_not_compile_again() {
+    let s = Session::new(Mode::Graph)
+        .load_source(
+            "l.adj",
+            "fn pick(x, labels) = sum(take(x, labels, axis = 0))\nfn count(n: i64) = sum(ones([n]))\n",
+        )
+        .unwrap();
+    let pick = s.function("pick").unwrap();
+    let x = Value::tensor_f64(&[1.0, 10.0, 100.0], &[3]).unwrap();
+    let labels = |v: &[i64]| Value::Tensor(adjoint::Tensor::from_vec(v.to_vec(), &[2]).unwrap());
+    let r = pick.call(&[x.clone(), labels(&[0, 2])]).unwrap();
+    assert_eq!(r.to_f64(), Some(101.0));
+    let compiled = pick.compiled_count();
+    let r = pick.call(&[x.clone(), labels(&[1, 1])]).unwrap();
+    assert_eq!(r.to_f64(), Some(20.0));
+    assert_eq!(pick.compiled_count(), compiled);
+    // Int scalars stay part of the signature: the program builds a shape
+    // from this one.
+    let count = s.function("count").unwrap();
+    assert_eq!(
+        count.call(&[Value::from(3i64)]).unwrap().to_f64(),
+        Some(3.0)
+    );
+    assert_eq!(
+        count.call(&[Value::from(5i64)]).unwrap().to_f64(),
+        Some(5.0)
+    );
+    assert_eq!(count.compiled_count(), compiled + 2);
+}
+
+#[test]
+fn parameters_left_out_take_their_defaults() {
+    let s = Session::new(Mode::Graph)
+        .load_source(
+            "d.adj",
+            "fn f(x, scale = 2.0, shift = 0.5) = x * scale + shift\n",
+        )
+        .unwrap();
+    let f = s.function("f").unwrap();
+    let call = |present: &[bool], args: &[f64]| {
+        let args: Vec<Value> = args.iter().map(|a| Value::from(*a)).collect();
+        f.with_args(present)
+            .unwrap()
+            .call(&args)
+            .unwrap()
+            .to_f64()
+            .unwrap()
+    };
+    assert_eq!(call(&[true, false, false], &[3.0]), 6.5);
+    assert_eq!(call(&[true, true, false], &[3.0, 10.0]), 30.5);
+    // A later parameter given, an earlier one left out: passed by name.
+    assert_eq!(call(&[true, false, true], &[3.0, 1.0]), 7.0);
+    assert_eq!(call(&[true, true, true], &[3.0, 1.0, 1.0]), 4.0);
+    // `x` has no default.
+    let g = f
+        .with_args(&[false, true, true])
+        .and_then(|g| g.call(&[Value::from(1.0), Value::from(1.0)]));
+    assert!(g.is_err());
+}
