@@ -685,7 +685,7 @@ fn codegen_cache_and_compile_time() {
     assert!(Arc::ptr_eq(&a, &b));
     assert_eq!(cache_len(), before);
     let k = compile(&spec).unwrap();
-    eprintln!(
+    println!(
         "compiling y = tanh(2x+1)*sigmoid(x) - x/3 (f32): {:.3} ms, {} bytes of code",
         k.compile_time().as_secs_f64() * 1e3,
         k.code_size()
@@ -873,7 +873,7 @@ fn codegen_math_accuracy_table() {
             table.push('\n');
         }
     }
-    eprintln!("{table}");
+    println!("{table}");
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -1037,7 +1037,7 @@ fn avx2_chunks_give_the_same_bits() {
         .unwrap()
         .uses_avx2()
     {
-        eprintln!("skipped: this host has no AVX2 and FMA");
+        println!("skipped: this host has no AVX2 and FMA");
         return;
     }
     let mut rng = Rng(12);

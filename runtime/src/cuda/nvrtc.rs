@@ -208,7 +208,8 @@ mod tests {
 
     #[test]
     fn disk_cache_round_trip() {
-        let dir = std::env::temp_dir().join(format!("adjoint-ptx-test-{}", std::process::id()));
+        let tmp = tempfile::tempdir().expect("a temporary directory");
+        let dir = tmp.path().to_path_buf();
         set_cache_dir(Some(dir.clone()));
         disk_put(42, "source", "ptx text");
         assert!(dir.join("000000000000002a.ptx").exists());

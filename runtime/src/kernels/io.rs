@@ -654,9 +654,10 @@ mod tests {
     use super::*;
 
     fn tmp(name: &str) -> String {
-        let dir = std::env::temp_dir().join(format!("adjoint-rt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join(name).to_string_lossy().into_owned()
+        // One directory for the test binary, removed when it exits.
+        static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        let dir = DIR.get_or_init(|| tempfile::tempdir().expect("a temporary directory"));
+        dir.path().join(name).to_string_lossy().into_owned()
     }
 
     #[test]
