@@ -35,6 +35,9 @@ pub enum Switches {
 pub struct Options {
     pub seed: u64,
     pub count: u64,
+    /// The index of the first program: a long campaign (one seed,
+    /// programs `0..N`) can run in chunks, `--start K --count C` each.
+    pub start: u64,
     pub jobs: usize,
     pub adjoint: PathBuf,
     pub out: PathBuf,
@@ -64,6 +67,7 @@ impl Options {
         Options {
             seed: 1,
             count: 100,
+            start: 0,
             jobs: 2,
             adjoint,
             out: PathBuf::from("target/fuzz"),
@@ -124,6 +128,9 @@ pub struct FailureReport {
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
     pub seed: u64,
+    /// The indices of the programs run: `first..first + programs` (or
+    /// the one `--only` program).
+    pub first: u64,
     pub programs: usize,
     pub failing: Vec<FailureReport>,
     pub gen_invalid: Vec<(u64, String)>,
@@ -155,7 +162,13 @@ impl Summary {
     pub fn report(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "== adjoint-fuzz summary (seed {}) ==", self.seed);
-        let _ = writeln!(s, "programs run:          {}", self.programs);
+        let _ = writeln!(
+            s,
+            "programs run:          {} (#{}..#{})",
+            self.programs,
+            self.first,
+            self.first + self.programs as u64
+        );
         let _ = writeln!(s, "failing programs:      {}", self.failing.len());
         let classes = self.classes();
         let _ = writeln!(s, "distinct failure classes: {}", classes.len());
@@ -300,7 +313,7 @@ pub fn run(opts: &Options) -> Summary {
     let _ = std::fs::create_dir_all(&opts.out);
     let indices: Vec<u64> = match opts.only {
         Some(i) => vec![i],
-        None => (0..opts.count).collect(),
+        None => (opts.start..opts.start + opts.count).collect(),
     };
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<(u64, gen::Program, Outcome)>> = Mutex::new(Vec::new());
@@ -360,6 +373,7 @@ pub fn run(opts: &Options) -> Summary {
     results.sort_by_key(|(i, _, _)| *i);
     let mut summary = Summary {
         seed: opts.seed,
+        first: indices.first().copied().unwrap_or(0),
         programs: results.len(),
         ..Default::default()
     };

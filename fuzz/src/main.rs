@@ -11,6 +11,8 @@ usage: adjoint-fuzz [OPTIONS]
 
   --seed S               run seed (default 1)
   --count N              number of programs (default 100)
+  --start K              index of the first program (default 0): a campaign
+                         of one seed can run in chunks
   --jobs J               programs run in parallel (default 2)
   --adjoint PATH         the adjoint executable (default: target/release/adjoint,
                          else target/debug/adjoint, else `adjoint` on PATH)
@@ -79,6 +81,7 @@ fn main() -> ExitCode {
         match a.as_str() {
             "--seed" => opts.seed = num(&val(&mut i, &a), &a),
             "--count" => opts.count = num(&val(&mut i, &a), &a),
+            "--start" => opts.start = num(&val(&mut i, &a), &a),
             "--jobs" | "-j" => opts.jobs = num(&val(&mut i, &a), &a),
             "--adjoint" => opts.adjoint = PathBuf::from(val(&mut i, &a)),
             "--out" => opts.out = PathBuf::from(val(&mut i, &a)),
