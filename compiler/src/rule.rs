@@ -377,7 +377,6 @@ fn write_expr(s: &mut String, e: &RuleExpr, params: &[&str], d_name: &str) {
 /// `where(c, a, b)`'s parts when exactly one of `a` and `b` is a
 /// `zeros_like`.
 fn masked(e: &RuleExpr) -> Option<(&RuleExpr, &RuleExpr, &RuleExpr)> {
-    let is_zeros = |e: &RuleExpr| matches!(e, RuleExpr::Call(n, _) if n == "zeros_like");
     match e {
         RuleExpr::Call(n, args) if n == "where" && args.len() == 3 => {
             let (c, a, b) = (&args[0], &args[1], &args[2]);

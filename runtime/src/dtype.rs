@@ -96,7 +96,6 @@ impl FromStr for DType {
     }
 }
 
-/// The storage of a tensor: one shared vector per dtype.
 /// Runs `$body` with the type alias `$T` bound to the element type of a
 /// numeric dtype; `$other` is evaluated for bool.
 #[macro_export]

@@ -902,6 +902,7 @@ impl CodeBuilder<'_> {
         n: NodeId,
         dst: u32,
         loc: LocIndex,
+        output: NodeId,
         ex: &mut Tables,
     ) -> Result<Instr, ExecError> {
         let m = self.m;
@@ -953,8 +954,7 @@ impl CodeBuilder<'_> {
                     self.start_tape(start, &mut args, loc, ex);
                 }
                 self.lifted_args(inputs[0], &mut args, ex)?;
-                let output = m.graph(self.g).output;
-                if Some(n) == output {
+                if n == output {
                     Instr::TailCall { callee, args, loc }
                 } else {
                     Instr::Call {
@@ -1110,7 +1110,7 @@ fn compile_graph(
         if b.tape_instr(n, dst, loc, ex)? {
             continue;
         }
-        let instr = b.node_instr(n, dst, loc, ex)?;
+        let instr = b.node_instr(n, dst, loc, output, ex)?;
         tail |= matches!(instr, Instr::TailCall { .. });
         b.instrs.push(instr);
         b.slot_of.insert(n, dst);
