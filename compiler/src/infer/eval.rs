@@ -1253,6 +1253,24 @@ impl<'a> Interp<'a> {
                 }
             }
         }
+        if tracing::enabled!(target: "adjoint::opt", tracing::Level::DEBUG) {
+            let values: usize = specs.iter().map(|s| s.values.len()).sum();
+            let mut most: Vec<(usize, GraphId)> =
+                by_graph.iter().map(|(g, v)| (v.len(), *g)).collect();
+            most.sort_by(|a, b| b.cmp(a));
+            let most: Vec<String> = most
+                .iter()
+                .take(6)
+                .map(|(k, g)| format!("{} {k}", self.m.graph(*g).name))
+                .collect();
+            tracing::debug!(
+                target: "adjoint::opt",
+                "infer: {} specialisations of {} graphs, {values} values; most: {}",
+                specs.len(),
+                by_graph.len(),
+                most.join(", ")
+            );
+        }
         Types {
             specs,
             by_graph,

@@ -142,8 +142,13 @@ pub fn rewrite(
     let graphs = reachable_graphs(m, roots);
     // Nodes used by a graph other than their own.
     let captured: HashSet<NodeId> = m.graph_ids().flat_map(|h| fv.get(h).to_vec()).collect();
+    // Inference's types of an escaped graph hold only for the calls it
+    // saw (a shared derivative rule, say, typed on one caller's shapes but
+    // also called with others): rewriting on them would specialise the
+    // graph to those calls, as in the optimiser's typed pass and fusion.
     let bodies: Vec<(GraphId, Vec<NodeId>)> = graphs
         .iter()
+        .filter(|g| types.holds_for_every_call(**g))
         .map(|g| (*g, graph_body_with(m, *g, &fv)))
         .collect();
     let rewrites = rules::rewrites();
