@@ -336,6 +336,36 @@ fn cases() -> Vec<Case> {
             .step(1e-2, 1e-4),
     );
 
+    // ----- scans --------------------------------------------------------
+    for (i, p) in ["cumsum", "cumprod"].iter().enumerate() {
+        let s = 560 + i as u32 * 10;
+        v.push(
+            case(p, "flattened")
+                .x("x", away("3, 4", s))
+                .w("12")
+                .e(format!("sum({p}(x) * w)")),
+        );
+        v.push(
+            case(p, "axis = 1")
+                .x("x", away("3, 4", s + 1))
+                .w("3, 4")
+                .e(format!("sum({p}(x, axis = 1) * w)")),
+        );
+        v.push(
+            case(p, "axis = 0, reverse")
+                .x("x", away("3, 4", s + 2))
+                .w("3, 4")
+                .e(format!("sum({p}(x, axis = 0, reverse = true) * w)")),
+        );
+    }
+    // a lane with zeros: the rule's pieces before, at and after the first
+    v.push(
+        case("cumprod", "through zeros")
+            .x("x", rn("2, 5", 575))
+            .w("2, 5")
+            .e("sum(cumprod(x * [1.0, 0.0, 1.0, 0.0, 1.0], axis = 1) * w)"),
+    );
+
     // ----- reductions ---------------------------------------------------
     for (i, p) in ["sum", "mean", "max", "min", "prod"].iter().enumerate() {
         let s = 500 + i as u32 * 10;

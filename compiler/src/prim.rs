@@ -86,6 +86,11 @@ const REDUCE: &[Param] = &[
     opt("axis", Default::Unit),
     opt("keepdims", Default::Bool(false)),
 ];
+const SCAN: &[Param] = &[
+    req("x"),
+    opt("axis", Default::Unit),
+    opt("reverse", Default::Bool(false)),
+];
 const NONE: &[Param] = &[];
 const IO: &[Param] = &[req("io")];
 
@@ -190,6 +195,14 @@ prims! {
     Min = "min", Reduce, REDUCE, false, true;
     Prod = "prod", Reduce, REDUCE, false, true;
     Argmax = "argmax", Reduce, REDUCE, false, false;
+    // scans and orderings along one axis (the tensor flattened without one)
+    /// Running sums along `axis`; from the end when `reverse`.
+    Cumsum = "cumsum", Reduce, SCAN, false, true;
+    /// Running products along `axis`; from the end when `reverse`.
+    Cumprod = "cumprod", Reduce, SCAN, false, true;
+    /// The indices that sort each lane along `axis` ascending (stable,
+    /// NaN last).
+    Argsort = "argsort", Reduce, &[req("x"), opt("axis", Default::Int(-1))], false, false;
     // reindexing
     Reshape = "reshape", Reindex, &[req("x"), req("shape")], false, true;
     Transpose = "transpose", Reindex, &[req("x"), opt("perm", Default::Unit)], false, true;
@@ -224,6 +237,15 @@ prims! {
     MakeTuple = "make_tuple", Struct, NONE, true, true;
     TupleGet = "tuple_get", Struct, &[req("t"), req("i")], false, true;
     TupleLen = "tuple_len", Struct, &[req("t")], false, false;
+    /// Whether a value is `()`: how the standard library tells an omitted
+    /// `axis` from a given one.
+    IsUnit = "is_unit", Struct, X, false, false;
+    /// Whether a value is a tuple (an int `reps` from a tuple of them).
+    IsTuple = "is_tuple", Struct, X, false, false;
+    /// `fail(message)`: an error when it runs (its value is never made):
+    /// the standard library's way to refuse an argument it does not
+    /// support.
+    Fail = "fail", Control, &[req("message")], false, false;
     /// `make_record("w", w, "b", b)`.
     MakeRecord = "make_record", Struct, NONE, true, true;
     RecordGet = "record_get", Struct, &[req("r"), req("name")], false, true;

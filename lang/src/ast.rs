@@ -148,6 +148,9 @@ pub struct Pattern {
 pub enum PatternKind {
     /// Binds (or, as an assignment target, reassigns) a name.
     Name(String),
+    /// `mut name` in a tuple pattern: binds a variable later statements
+    /// may reassign (`let (mut a, b) = ..`). Never an assignment target.
+    MutName(String),
     /// `_`: matches and discards.
     Wildcard,
     /// `(a, b)`, `(a,)`, `()`.

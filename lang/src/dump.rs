@@ -194,6 +194,7 @@ pub fn type_str(t: &TypeExpr) -> String {
 fn pattern_s(p: &Pattern) -> S {
     match &p.kind {
         PatternKind::Name(n) => atom(n),
+        PatternKind::MutName(n) => list("mut", [atom(n)].into_iter()),
         PatternKind::Wildcard => atom("_"),
         PatternKind::Tuple(ps) => list("tuple", ps.iter().map(pattern_s)),
         PatternKind::Record(fs) => list(

@@ -550,6 +550,22 @@ fn require_int(op: &str, what: &str, t: TensorTy) -> Result<(), String> {
 /// The result shape of `take(x, idx, axis)`: `x.shape[..axis] ++ idx.shape
 /// ++ x.shape[axis+1..]`; with no axis, `x` is flattened first and the
 /// result has `idx`'s shape.
+/// A scan or ordering along one axis (`cumsum`, `cumprod`, `argsort`):
+/// the result's shape and the axis, normalised. Without an axis the
+/// tensor is taken flattened, as NumPy does: the result is 1-d and the
+/// axis is 0.
+pub fn scan(op: &str, x: TensorTy, axis_: Option<i64>) -> Result<(Vec<usize>, usize), String> {
+    match axis_ {
+        Some(a) => {
+            if x.ndim() == 0 {
+                return Err(format!("{op}: axis {a} is out of range for {x}"));
+            }
+            Ok((x.shape.to_vec(), axis(op, a, x.ndim(), &x)?))
+        }
+        None => Ok((vec![size(x.shape)], 0)),
+    }
+}
+
 pub fn take(x: TensorTy, idx: TensorTy, axis_: Option<i64>) -> Result<Vec<usize>, String> {
     let op = "take";
     require_int(op, "indices", idx)?;

@@ -266,6 +266,10 @@ struct Frame {
     slots: Vec<Option<Value>>,
     /// Where this frame was called from.
     call_loc: Option<LocIndex>,
+    /// For a frame a tail call put in place of another: where the first
+    /// frame of that chain of tail calls was called from (the call whose
+    /// result this frame gives), so that an error's trace still names it.
+    tail_of: Option<LocIndex>,
     /// Slot of the caller that receives this frame's result; `None` for the
     /// bottom frame of a [`Vm::call`].
     ret_dst: Option<u32>,
@@ -388,7 +392,8 @@ impl<'a> Vm<'a> {
                 e.trace = self.frames[base.min(self.frames.len())..]
                     .iter()
                     .rev()
-                    .filter_map(|f| f.call_loc)
+                    .flat_map(|f| [f.call_loc, f.tail_of])
+                    .flatten()
                     .collect();
             }
             self.frames.truncate(base);
@@ -466,6 +471,7 @@ impl<'a> Vm<'a> {
             pc: 0,
             slots,
             call_loc: loc,
+            tail_of: None,
             ret_dst,
         })
     }
@@ -666,7 +672,9 @@ impl<'a> Vm<'a> {
                     // The caller's slots are done with: its buffer goes to
                     // the spares.
                     let old = std::mem::take(&mut frame.slots);
-                    let new = self.make_frame(&f, ret_dst, Some(*loc), slots)?;
+                    let tail_of = frame.tail_of.or(frame.call_loc);
+                    let mut new = self.make_frame(&f, ret_dst, Some(*loc), slots)?;
+                    new.tail_of = tail_of;
                     *self.frames.last_mut().expect("frame") = new;
                     recycle(&mut self.spare_slots, old);
                 }

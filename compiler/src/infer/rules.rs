@@ -163,6 +163,30 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         Prim::Sum | Prim::Mean | Prim::Max | Prim::Min | Prim::Prod | Prim::Argmax => {
             reduce(p, &args[0], &args[1], &args[2])
         }
+        Prim::Cumsum | Prim::Cumprod | Prim::Argsort => {
+            let x = tensor(op, &args[0])?;
+            let axis = if args[1].is_unit() {
+                None
+            } else {
+                Some(known_int(op, "axis", &args[1])?)
+            };
+            let (shape, _) = shape::scan(op, x.ty(), axis)?;
+            let (d, w) = match p {
+                Prim::Cumsum => dtype::reduce_result("sum", x.weak_dtype())?,
+                Prim::Cumprod => dtype::reduce_result("prod", x.weak_dtype())?,
+                _ => (DType::I64, false),
+            };
+            Ok(AbsVal::Tensor(AbsTensor::new(d, shape, w)))
+        }
+        Prim::IsUnit => Ok(AbsVal::bool(args[0].is_unit())),
+        Prim::IsTuple => Ok(AbsVal::bool(matches!(args[0], AbsVal::Tuple(_)))),
+        // The error is the run time's: a branch that fails may be one
+        // inference cannot rule out (its condition compares floats, whose
+        // values it does not track), so reaching it here proves nothing.
+        Prim::Fail => match &args[0] {
+            AbsVal::Str(_) => Ok(AbsVal::Bottom),
+            other => fail(format!("fail: expected a message, got {other}")),
+        },
         Prim::Reshape => {
             let x = tensor(op, &args[0])?;
             let target = known_ints(op, "shape", &args[1])?;

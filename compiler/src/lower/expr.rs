@@ -187,6 +187,17 @@ impl Lowerer<'_> {
         if let Some(d) = DType::from_name(n) {
             return Ok(self.konst(Const::DType(d), span));
         }
+        // Constants, as weakly typed float literals (names in scope and
+        // functions of the same name come first).
+        let constant = match n {
+            "pi" => Some(std::f64::consts::PI),
+            "inf" => Some(f64::INFINITY),
+            "nan" => Some(f64::NAN),
+            _ => None,
+        };
+        if let Some(c) = constant {
+            return Ok(self.konst(Const::Float(c), span));
+        }
         if let Some(p) = self.prim_named(module, n) {
             if p.category() == prim::Category::Io {
                 return Err(effectful_value_error(n, span));

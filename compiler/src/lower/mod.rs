@@ -236,6 +236,9 @@ fn user_prim(name: &str) -> Option<Prim> {
         | Prim::MakeTuple
         | Prim::TupleGet
         | Prim::TupleLen
+        | Prim::IsUnit
+        | Prim::IsTuple
+        | Prim::Fail
         | Prim::MakeRecord
         | Prim::RecordGet
         | Prim::TensorLiteral

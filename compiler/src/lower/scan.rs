@@ -134,7 +134,7 @@ pub(crate) enum Visit<'a> {
 
 fn pattern_names(p: &Pattern, out: &mut Vec<String>) {
     match &p.kind {
-        PatternKind::Name(n) => out.push(n.clone()),
+        PatternKind::Name(n) | PatternKind::MutName(n) => out.push(n.clone()),
         PatternKind::Wildcard => {}
         PatternKind::Tuple(ps) => {
             for q in ps {

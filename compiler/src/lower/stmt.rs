@@ -523,6 +523,11 @@ impl Lowerer<'_> {
         mutable: bool,
     ) -> R<()> {
         match &pat.kind {
+            PatternKind::MutName(n) => {
+                let v = self.new_var(cx.fn_id);
+                cx.vals.insert(v, value);
+                self.bind(n, Binding::Var(v));
+            }
             PatternKind::Name(n) => {
                 if mutable {
                     let v = self.new_var(cx.fn_id);
@@ -600,6 +605,10 @@ impl Lowerer<'_> {
                 .with_note(format!("declare it with `let mut {n}` to make it assignable"))),
                 None => Err(self.unknown_name(module, n, pat.span)),
             },
+            PatternKind::MutName(n) => Err(Diagnostic::error(
+                format!("`mut {n}` declares a variable; an assignment takes just `{n}`"),
+                pat.span,
+            )),
             PatternKind::Wildcard => Ok(()),
             PatternKind::Tuple(ps) => {
                 self.checks.push(crate::checks::Check::TupleArity {

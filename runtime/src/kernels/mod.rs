@@ -16,6 +16,7 @@
 //! | binary map | `add sub mul div pow rem maximum minimum eq ne lt le gt ge and or` (x, y) |
 //! | select, convert | `where(c, a, b)`, `cast(x, dtype)` |
 //! | reduce | `sum mean max min prod argmax` (x, axis, keepdims) |
+//! | scan | `cumsum cumprod` (x, axis, reverse), `argsort(x, axis)`; `is_unit(v)`, `is_tuple(v)`, `fail(message)` |
 //! | shape | `reshape(x, shape)`, `transpose(x, perm)`, `broadcast_to(x, shape)`, `concat(xs, axis)`, `stack(xs, axis)`, `expand_dims(x, axis)`, `squeeze(x, axis)`, `shape(x)`, `size(x)`, `dtype(x)` |
 //! | gather | `take(x, idx, axis)`, `index(x, c0, c1, ..)` |
 //! | linear algebra | `matmul(a, b)`, `dot(a, b)`, `outer(a, b)` |
@@ -37,6 +38,7 @@ pub mod map;
 pub mod num;
 pub mod random;
 pub mod reduce;
+pub mod scan;
 pub mod shape;
 pub mod strided;
 pub mod structural;
@@ -92,6 +94,13 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("min", reduce::min),
     ("prod", reduce::prod),
     ("argmax", reduce::argmax),
+    // scans and orderings along an axis
+    ("cumsum", scan::cumsum),
+    ("cumprod", scan::cumprod),
+    ("argsort", scan::argsort),
+    ("is_unit", scan::is_unit),
+    ("is_tuple", scan::is_tuple),
+    ("fail", scan::fail),
     // shape
     ("reshape", shape::reshape),
     ("transpose", shape::transpose),
