@@ -403,6 +403,44 @@ mod tests {
     }
 
     #[test]
+    fn updates_write_in_place_only_when_unshared() {
+        let Value::Tensor(t) = m() else {
+            unreachable!()
+        };
+        let shared = t.clone();
+        let row1 = Value::tuple(vec![int(1)]);
+        let r = update(Update::Set, t, &row1, &v(Tensor::scalar_f32(-1.0))).unwrap();
+        assert_eq!(&f32s(&r)[4..8], &[-1.0; 4]);
+        assert_eq!(shared.as_f32().unwrap()[4], 4.0);
+        let Value::Tensor(t) = m() else {
+            unreachable!()
+        };
+        let at = t.as_f32().unwrap().as_ptr();
+        let col0 = Value::tuple(vec![sl(Some(0), Some(2)), int(0)]);
+        let r = update(Update::Max, t, &col0, &v(Tensor::scalar_f32(5.0))).unwrap();
+        assert_eq!(r.as_tensor().unwrap().as_f32().unwrap().as_ptr(), at);
+        assert_eq!([f32s(&r)[0], f32s(&r)[4], f32s(&r)[8]], [5.0, 5.0, 8.0]);
+        let r = call(
+            "index_add",
+            &[
+                m(),
+                row1.clone(),
+                v(Tensor::vector(vec![1.0f64, 2.0, 3.0, 4.0])),
+            ],
+        );
+        assert_eq!(&f32s(&r)[4..8], &[5.0, 7.0, 9.0, 11.0]);
+        let r = call("index_at", &[m(), Value::tuple(vec![int(2), int(1)])]);
+        assert_eq!(f32s(&r), vec![9.0]);
+        let one = v(Tensor::scalar_f32(1.0));
+        assert!(
+            call_err("index_set", &[m(), Value::tuple(vec![int(3)]), one.clone()])
+                .contains("out of range")
+        );
+        let two = v(Tensor::vector(vec![1.0f32, 2.0]));
+        assert!(call_err("index_mul", &[m(), row1, two]).contains("cannot broadcast"));
+    }
+
+    #[test]
     fn indexes() {
         let r = call("index", &[m(), int(1)]);
         assert_eq!(f32s(&r), vec![4.0, 5.0, 6.0, 7.0]);
