@@ -90,6 +90,11 @@ pub struct RunStats {
     /// Closures with captures the VM made (graph mode lambda-lifts the
     /// functions that are only called, such as loop bodies).
     pub closures_made: u64,
+    /// Indexed updates (`v[i] = e`, `x.at[i].set(e)`, ..) run.
+    pub updates: usize,
+    /// How many of those wrote into the buffer of their array, which died
+    /// there, instead of copying it.
+    pub updates_in_place: usize,
 }
 
 /// One generated CUDA kernel ([`Session::cuda_kernels`]).
@@ -604,11 +609,13 @@ impl Session {
         reset_heap_peak();
         let calls0 = adjoint_compiler::fuse::kernel_calls();
         let closures0 = adjoint_runtime::vm::closures_made();
+        let updates0 = adjoint_runtime::kernels::index::update_counts();
         let t1 = std::time::Instant::now();
         program.execute_main(&ex, out).map_err(|d| self.error(d))?;
         let run = t1.elapsed();
         let calls1 = adjoint_compiler::fuse::kernel_calls();
         let closures_made = adjoint_runtime::vm::closures_made() - closures0;
+        let updates1 = adjoint_runtime::kernels::index::update_counts();
         Ok(RunStats {
             compile,
             run,
@@ -617,6 +624,8 @@ impl Session {
             kernel_calls: calls1.0 - calls0.0,
             kernels_in_place: calls1.1 - calls0.1,
             closures_made,
+            updates: updates1.0 - updates0.0,
+            updates_in_place: updates1.1 - updates0.1,
         })
     }
 

@@ -367,6 +367,10 @@ fn run_file(
         s.kernel_calls, s.kernels_in_place
     );
     eprintln!("stats: {} closures made", s.closures_made);
+    eprintln!(
+        "stats: {} indexed updates, {} of them wrote into their array's buffer, which died there",
+        s.updates, s.updates_in_place
+    );
     Ok(())
 }
 

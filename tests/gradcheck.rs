@@ -817,6 +817,54 @@ fn cases() -> Vec<Case> {
             .e("sum(index_grad(like, x * x, (1, 3)) * w)"),
     );
     v.push(
+        case("index_at", "element and dynamic-length window")
+            .x("x", rn("4, 3", 1064))
+            .w("2")
+            .e("sum(index_at(x, (2, (1, 3))) * w) + index_at(x, (0, 0)) * index_at(x, (3, 2))"),
+    );
+    v.push(
+        case("index_set", "row from a broadcast value")
+            .x("x", rn("4, 3", 1065))
+            .x("v", rn("1", 1066))
+            .w("4, 3")
+            .e("sum(index_set(x * x, (1,), v * v) * w)"),
+    );
+    v.push(
+        case("index_set", "element")
+            .x("x", rn("5", 1067))
+            .x("v", rn("", 1068))
+            .w("5")
+            .e("sum(index_set(x, (3,), v * x[0]) * w)"),
+    );
+    v.push(
+        case("index_add", "slice of rows")
+            .x("x", rn("4, 3", 1069))
+            .x("v", rn("2, 3", 1090))
+            .w("4, 3")
+            .e("sum(index_add(x, ((1, 3),), v * x[0]) * w)"),
+    );
+    v.push(
+        case("index_mul", "column, broadcast scalar")
+            .x("x", rn("3, 4", 1091))
+            .x("v", rn("", 1092))
+            .w("3, 4")
+            .e("sum(index_mul(x, (((), ()), 2), v) * w * x)"),
+    );
+    v.push(
+        case("index_min", "slice, away from ties")
+            .x("x", rn("6", 1093))
+            .x("v", rn("3", 1094))
+            .w("6")
+            .e("sum(index_min(x, ((2, 5),), v + 0.5) * w * x)"),
+    );
+    v.push(
+        case("index_max", "slice, away from ties")
+            .x("x", rn("6", 1095))
+            .x("v", rn("3", 1096))
+            .w("6")
+            .e("sum(index_max(x, ((2, 5),), v - 0.5) * w * x)"),
+    );
+    v.push(
         case("tuple_grad", "second element")
             .x("x", rn("3", 1070))
             .c("like", rn("3", 1071))

@@ -92,6 +92,7 @@ const SCAN: &[Param] = &[
     opt("reverse", Default::Bool(false)),
 ];
 const NONE: &[Param] = &[];
+const UPDATE: &[Param] = &[req("x"), req("idx"), req("v")];
 const IO: &[Param] = &[req("io")];
 
 macro_rules! prims {
@@ -214,6 +215,21 @@ prims! {
     Take = "take", Reindex, &[req("x"), req("idx"), opt("axis", Default::Unit)], false, true;
     /// `x[c0, c1, ..]`: each component an int (select) or a `(lo, hi)` slice.
     Index = "index", Reindex, X, true, true;
+    /// `index_at(x, idx)`: `x[c0, c1, ..]` for one tuple `idx = (c0, c1, ..)`
+    /// of components as `index` takes them (the read of `x.at[idx]`, and
+    /// of the update rules).
+    IndexAt = "index_at", Reindex, &[req("x"), req("idx")], false, true;
+    /// `x.at[idx].set(v)`: `x` with `x[idx]` replaced by `v` (broadcast to
+    /// the region's shape, cast to `x`'s dtype); `v[i] = e` lowers to it.
+    IndexSet = "index_set", Reindex, UPDATE, false, true;
+    /// `x.at[idx].add(v)`: `x` with `v` added to `x[idx]` (`v[i] += e`).
+    IndexAdd = "index_add", Reindex, UPDATE, false, true;
+    /// `x.at[idx].mul(v)`: `x[idx]` multiplied by `v` (`v[i] *= e`).
+    IndexMul = "index_mul", Reindex, UPDATE, false, true;
+    /// `x.at[idx].min(v)`: `x[idx]` replaced by `minimum(x[idx], v)`.
+    IndexMin = "index_min", Reindex, UPDATE, false, true;
+    /// `x.at[idx].max(v)`: `x[idx]` replaced by `maximum(x[idx], v)`.
+    IndexMax = "index_max", Reindex, UPDATE, false, true;
     // contractions
     Matmul = "matmul", Contract, XY, false, true;
     Dot = "dot", Contract, XY, false, true;

@@ -294,6 +294,9 @@ impl<'input> Cx<'input> {
         lo: usize,
         hi: usize,
     ) -> ParsedStmt {
+        if let Some(stmt) = self.indexed_assign(&target, op, &value, lo, hi) {
+            return stmt;
+        }
         let target = match (op, to_lvalue(&target)) {
             (None, Some(p)) => p,
             (Some(_), Some(p)) if matches!(p.kind, PatternKind::Name(_)) => p,
@@ -320,6 +323,109 @@ impl<'input> Cx<'input> {
             }
         };
         self.stmt(StmtKind::Assign { target, op, value }, lo, hi)
+    }
+
+    /// `v[idx] = e;` and `v[idx] op= e;` for a name `v`, as the assignment
+    /// `v = v.at[idx].set(e);` (`+=` is `.add(e)`, `-=` `.add(-e)`, `*=`
+    /// `.mul(e)`, `/=` `.set(v[idx] / e)`). The update expressions keep the
+    /// spans of what was written, so errors point at `v` (an immutable
+    /// name, an index out of range) as for a plain assignment or a read.
+    fn indexed_assign(
+        &mut self,
+        target: &Expr,
+        op: Option<BinOp>,
+        value: &Expr,
+        lo: usize,
+        hi: usize,
+    ) -> Option<ParsedStmt> {
+        let ExprKind::Index { base, indices } = &*target.kind else {
+            return None;
+        };
+        let ExprKind::Name(name) = &*base.kind else {
+            self.diags.push(
+                Diagnostic::error("cannot assign to this indexed expression", target.span)
+                    .with_label("not an indexed variable")
+                    .with_note("an indexed assignment updates a `mut` variable: `v[i] = e;`"),
+            );
+            return Some(ParsedStmt::Error);
+        };
+        let (sp, vs) = (target.span, value.span);
+        let (method, arg) = match op {
+            None => ("set", value.clone()),
+            Some(BinOp::Add) => ("add", value.clone()),
+            Some(BinOp::Sub) => (
+                "add",
+                Expr::new(
+                    ExprKind::Unary {
+                        op: UnOp::Neg,
+                        operand: value.clone(),
+                    },
+                    vs,
+                ),
+            ),
+            Some(BinOp::Mul) => ("mul", value.clone()),
+            Some(other) => (
+                "set",
+                Expr::new(
+                    ExprKind::Binary {
+                        op: other,
+                        op_span: vs,
+                        lhs: target.clone(),
+                        rhs: value.clone(),
+                    },
+                    vs,
+                ),
+            ),
+        };
+        let ident = |name: &str, span| Ident {
+            name: name.to_string(),
+            span,
+        };
+        let at = Expr::new(
+            ExprKind::Field {
+                base: base.clone(),
+                name: ident("at", sp),
+            },
+            sp,
+        );
+        let region = Expr::new(
+            ExprKind::Index {
+                base: at,
+                indices: indices.clone(),
+            },
+            sp,
+        );
+        let callee = Expr::new(
+            ExprKind::Field {
+                base: region,
+                name: ident(method, sp),
+            },
+            sp,
+        );
+        let update = Expr::new(
+            ExprKind::Call {
+                callee,
+                args: vec![Arg {
+                    name: None,
+                    value: arg,
+                    span: vs,
+                }],
+            },
+            Span::new(self.file, sp.lo, vs.hi),
+        );
+        let pattern = Pattern {
+            kind: PatternKind::Name(name.clone()),
+            span: base.span,
+        };
+        Some(self.stmt(
+            StmtKind::Assign {
+                target: pattern,
+                op: None,
+                value: update,
+            },
+            lo,
+            hi,
+        ))
     }
 
     /// Classifies the iterable of a `for` that is not `a..b`.

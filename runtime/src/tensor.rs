@@ -486,6 +486,29 @@ impl Tensor {
         })
     }
 
+    /// The tensor with its elements changed by `f`: in its own buffer when
+    /// no other value shares it (the caller held the only reference), in a
+    /// copy otherwise. `None` when the dtype is not `T`'s. The bool says
+    /// whether the buffer was written in place.
+    pub fn modify<T: Element>(self, f: impl FnOnce(&mut [T])) -> Option<(Tensor, bool)> {
+        let Tensor {
+            buffer,
+            shape,
+            weak,
+        } = self;
+        let (mut data, in_place) = match T::take(buffer) {
+            Ok(v) => (v, true),
+            Err(b) => (T::view(&b)?.to_vec(), false),
+        };
+        f(&mut data);
+        let t = Tensor {
+            buffer: T::wrap(data),
+            shape,
+            weak,
+        };
+        Some((t, in_place))
+    }
+
     /// The elements, if the dtype is `T`'s.
     pub fn slice<T: Element>(&self) -> Option<&[T]> {
         T::view(&self.buffer)

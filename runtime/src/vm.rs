@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::error::RtError;
 use crate::kernels::ctx::DynOp;
-use crate::kernels::{Ctx, Kernel};
+use crate::kernels::{Ctx, InplaceKernel, Kernel};
 use crate::tape::{Tape, TapeHint};
 use crate::value::{Closure, CodeId, Value};
 
@@ -77,6 +77,10 @@ pub enum Instr {
         dst: u32,
         name: &'static str,
         kernel: Kernel,
+        /// The kernel's variant that may consume the values read
+        /// (`kernels::lookup_inplace`): called instead of `kernel`, so a
+        /// moved operand reaches it as the only reference.
+        inplace: Option<InplaceKernel>,
         args: Vec<Operand>,
         loc: LocIndex,
     },
@@ -518,6 +522,7 @@ impl<'a> Vm<'a> {
                 Instr::Prim {
                     dst,
                     kernel,
+                    inplace,
                     args,
                     loc,
                     ..
@@ -526,7 +531,10 @@ impl<'a> Vm<'a> {
                     values.extend(args.iter().map(|a| read(frame, code, *a)));
                     let dst = *dst;
                     let loc = *loc;
-                    let result = kernel(self, &values);
+                    let result = match inplace {
+                        Some(k) => k(self, &mut values),
+                        None => kernel(self, &values),
+                    };
                     values.clear();
                     self.scratch = values;
                     match result {

@@ -239,7 +239,24 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             let shape = shape::take(x.ty(), idx.ty(), axis)?;
             Ok(like(x, shape, None))
         }
-        Prim::Index => index(ctx, &args[0], &args[1..], 1),
+        Prim::Index => index(ctx, &args[0], &args[1..], arg_nodes_from(ctx, 1)),
+        Prim::IndexAt => {
+            let (comps, nodes) = index_tuple(ctx, &args[1], 1)?;
+            index(ctx, &args[0], comps, nodes)
+        }
+        Prim::IndexSet | Prim::IndexAdd | Prim::IndexMul | Prim::IndexMin | Prim::IndexMax => {
+            let x = tensor(op, &args[0])?;
+            let v = tensor(op, &args[2])?;
+            let (comps, nodes) = index_tuple(ctx, &args[1], 1)?;
+            let AbsVal::Tensor(region) = index(ctx, &args[0], comps, nodes)? else {
+                return fail(format!("{op}: expected a tensor, got {}", args[0]));
+            };
+            shape::broadcast_to(op, v.ty(), &region.shape)?;
+            if p != Prim::IndexSet && x.dtype == DType::Bool {
+                return fail(format!("{op}: expected a numeric array, got {}", x.ty()));
+            }
+            Ok(like(x, x.shape.clone(), None))
+        }
         Prim::Matmul => contract("`@`", args, shape::matmul),
         Prim::Dot => contract(op, args, shape::dot),
         Prim::Outer => contract(op, args, shape::outer),
@@ -471,7 +488,8 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         Prim::IndexGrad => {
             let x = tensor(op, &args[0])?;
             let d = tensor(op, &args[1])?;
-            let AbsVal::Tensor(read) = index(ctx, &args[0], &args[2..], 2)? else {
+            let AbsVal::Tensor(read) = index(ctx, &args[0], &args[2..], arg_nodes_from(ctx, 2))?
+            else {
                 return fail(format!("{op}: expected a tensor, got {}", args[0]));
             };
             if d.shape != read.shape {
@@ -1174,11 +1192,39 @@ fn gather(shape: &[usize], values: &[i64], steps: &[IndexStep]) -> Vec<i64> {
     offsets.iter().map(|&o| values[o]).collect()
 }
 
-/// `x[comps..]`; the components are the arguments from position `first`
-/// of the application (1 for `index`, 2 for `index_grad`).
-fn index(ctx: &RuleCtx, x: &AbsVal, comps: &[AbsVal], first: usize) -> Rule {
+/// The argument nodes of the application from position `first` (the
+/// components of `index` from 1, of `index_grad` from 2).
+fn arg_nodes_from<'a>(ctx: &RuleCtx<'a>, first: usize) -> &'a [NodeId] {
+    ctx.arg_nodes.get(first..).unwrap_or(&[])
+}
+
+/// The components of the index tuple `idx`, argument `at` of the
+/// application (`index_at` and the updates), with their nodes when the
+/// tuple is made there (else none: a component's node tells whether it is
+/// static and a slice `e : e + c` its length, which a 3-tuple also carries).
+fn index_tuple<'a>(
+    ctx: &RuleCtx<'a>,
+    idx: &'a AbsVal,
+    at: usize,
+) -> Result<(&'a [AbsVal], &'a [NodeId]), RuleError> {
+    let AbsVal::Tuple(items) = idx else {
+        return fail(format!(
+            "index: expected a tuple of index components, got {idx}"
+        ));
+    };
+    let m = ctx.module;
+    let nodes = ctx
+        .arg_nodes
+        .get(at)
+        .copied()
+        .filter(|n| m.applied_prim(*n) == Some(Prim::MakeTuple))
+        .map_or(&[][..], |n| &m.inputs(n)[1..]);
+    Ok((items, nodes))
+}
+
+/// `x[comps..]`; `nodes` are the components' nodes, where known.
+fn index(ctx: &RuleCtx, x: &AbsVal, comps: &[AbsVal], nodes: &[NodeId]) -> Rule {
     let x = tensor("index", x)?;
-    let nodes = ctx.arg_nodes.get(first..).unwrap_or(&[]);
     let (comps, known): (Vec<IndexComp>, Vec<Option<IndexComp>>) = comps
         .iter()
         .enumerate()

@@ -73,31 +73,7 @@ impl Lowerer<'_> {
             ExprKind::Index { base, indices } => {
                 let x = self.lower_expr(module, cx, base)?;
                 let mut args = vec![x];
-                for c in indices {
-                    match c {
-                        ast::IndexComp::Expr(i) => args.push(self.lower_expr(module, cx, i)?),
-                        ast::IndexComp::Slice { lo, hi, span } => {
-                            let lo = match lo {
-                                Some(l) => self.lower_expr(module, cx, l)?,
-                                None => self.unit(*span),
-                            };
-                            let hi = match hi {
-                                Some(h) => self.lower_expr(module, cx, h)?,
-                                None => self.unit(*span),
-                            };
-                            // `e : e + c` also carries its length `c`,
-                            // which stays a constant where `e` is not, even
-                            // through the parameters of differentiated code
-                            // (see `docs/ir.md`).
-                            let len = crate::ir::analysis::window_len(&self.m, lo, hi);
-                            let parts: &[NodeId] = match &len {
-                                Some(c) => &[lo, hi, *c],
-                                None => &[lo, hi],
-                            };
-                            args.push(self.prim(cx, Prim::MakeTuple, parts, *span));
-                        }
-                    }
-                }
+                args.extend(self.lower_index_comps(module, cx, indices)?);
                 Ok(self.prim(cx, Prim::Index, &args, span))
             }
             ExprKind::Field { base, name } => {
@@ -298,6 +274,78 @@ impl Lowerer<'_> {
 
     // ----- calls ---------------------------------------------------------
 
+    /// The components of an index `x[c0, c1, ..]`: an int expression, or
+    /// a slice `make_tuple(lo, hi)` with `()` for an omitted bound.
+    fn lower_index_comps(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        indices: &[ast::IndexComp],
+    ) -> R<Vec<NodeId>> {
+        let mut comps = Vec::with_capacity(indices.len());
+        for c in indices {
+            match c {
+                ast::IndexComp::Expr(i) => comps.push(self.lower_expr(module, cx, i)?),
+                ast::IndexComp::Slice { lo, hi, span } => {
+                    let lo = match lo {
+                        Some(l) => self.lower_expr(module, cx, l)?,
+                        None => self.unit(*span),
+                    };
+                    let hi = match hi {
+                        Some(h) => self.lower_expr(module, cx, h)?,
+                        None => self.unit(*span),
+                    };
+                    // `e : e + c` also carries its length `c`, which
+                    // stays a constant where `e` is not, even through the
+                    // parameters of differentiated code (see `docs/ir.md`).
+                    let len = crate::ir::analysis::window_len(&self.m, lo, hi);
+                    let parts: &[NodeId] = match &len {
+                        Some(c) => &[lo, hi, *c],
+                        None => &[lo, hi],
+                    };
+                    comps.push(self.prim(cx, Prim::MakeTuple, parts, *span));
+                }
+            }
+        }
+        Ok(comps)
+    }
+
+    /// `x.at[idx].set(v)` and its siblings (`add mul min max`): the update
+    /// primitive applied to `x`, the components of `idx` as one tuple, and
+    /// `v` (`v[i] = e` statements are parsed into this form).
+    fn lower_at_update(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        at: AtUpdate<'_>,
+        args: &[ast::Arg],
+        span: Span,
+    ) -> R<NodeId> {
+        let method = &at.method.name;
+        let p = match method.as_str() {
+            "set" => Prim::IndexSet,
+            "add" => Prim::IndexAdd,
+            "mul" => Prim::IndexMul,
+            "min" => Prim::IndexMin,
+            "max" => Prim::IndexMax,
+            other => {
+                return Err(Diagnostic::error(
+                    format!("unknown update `.at[..].{other}`"),
+                    at.method.span,
+                )
+                .with_note("the updates are `set`, `add`, `mul`, `min` and `max`"))
+            }
+        };
+        let x = self.lower_expr(module, cx, at.x)?;
+        let comps = self.lower_index_comps(module, cx, at.indices)?;
+        let idx = self.prim(cx, Prim::MakeTuple, &comps, at.idx_span);
+        let what = format!(".at[..].{method}");
+        let v = self.positional_only(module, cx, args, 1, &what, span)?;
+        // The call's span starts at `x`: errors of the update (an index
+        // out of range) point there, as those of a read do.
+        Ok(self.prim(cx, p, &[x, idx, v[0]], span))
+    }
+
     pub(super) fn lower_call(
         &mut self,
         module: usize,
@@ -306,6 +354,9 @@ impl Lowerer<'_> {
         args: &[ast::Arg],
         span: Span,
     ) -> R<NodeId> {
+        if let Some(at) = AtUpdate::of(callee) {
+            return self.lower_at_update(module, cx, at, args, span);
+        }
         match &*callee.kind {
             ExprKind::Name(n) => match self.lookup(n).cloned() {
                 Some(Binding::LocalFn(f)) => {
@@ -787,6 +838,34 @@ impl Lowerer<'_> {
         } else {
             cx.vals.insert(io_var, r);
             Ok(self.unit(span))
+        }
+    }
+}
+
+/// The parts of a callee `x.at[idx].method`.
+struct AtUpdate<'a> {
+    x: &'a Expr,
+    indices: &'a [ast::IndexComp],
+    method: &'a ast::Ident,
+    idx_span: Span,
+}
+
+impl<'a> AtUpdate<'a> {
+    fn of(callee: &'a Expr) -> Option<AtUpdate<'a>> {
+        let ExprKind::Field { base, name } = &*callee.kind else {
+            return None;
+        };
+        let ExprKind::Index { base: at, indices } = &*base.kind else {
+            return None;
+        };
+        match &*at.kind {
+            ExprKind::Field { base: x, name: a } if a.name == "at" => Some(AtUpdate {
+                x,
+                indices,
+                method: name,
+                idx_span: base.span,
+            }),
+            _ => None,
         }
     }
 }

@@ -708,6 +708,7 @@ impl CodeBuilder<'_> {
             dst: d,
             name: "tuple_get",
             kernel: get,
+            inplace: None,
             args: vec![Operand::Slot(slot), idx],
             loc,
         });
@@ -943,6 +944,7 @@ impl CodeBuilder<'_> {
                     dst,
                     name: p.name(),
                     kernel,
+                    inplace: kernels::lookup_inplace(p.name()),
                     args: operands(self, ex)?,
                     loc,
                 }
@@ -987,6 +989,7 @@ impl CodeBuilder<'_> {
             dst: tape,
             name: "tape_new",
             kernel: adjoint_runtime::tape::tape_new,
+            inplace: None,
             args: tape_args,
             loc,
         });

@@ -87,6 +87,7 @@ mod tests {
             dst,
             name: "add",
             kernel: kernels::lookup("add").expect("add"),
+            inplace: None,
             args,
             loc: 0,
         }

@@ -26,6 +26,11 @@ pub trait Ctx {
 /// The signature of every kernel.
 pub type Kernel = fn(&mut dyn Ctx, &[Value]) -> Result<Value, RtError>;
 
+/// A kernel that may take its arguments' values out of `args` (the VM's
+/// own copies, read from slots): when an argument was the last use of its
+/// slot, the kernel then holds the only reference and may reuse its buffer.
+pub type InplaceKernel = fn(&mut dyn Ctx, &mut [Value]) -> Result<Value, RtError>;
+
 /// A transform of a function value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DynOp {

@@ -18,7 +18,8 @@
 //! | reduce | `sum mean max min prod argmax` (x, axis, keepdims) |
 //! | scan | `cumsum cumprod` (x, axis, reverse), `argsort(x, axis)`; `is_unit(v)`, `is_tuple(v)`, `fail(message)` |
 //! | shape | `reshape(x, shape)`, `transpose(x, perm)`, `broadcast_to(x, shape)`, `concat(xs, axis)`, `stack(xs, axis)`, `expand_dims(x, axis)`, `squeeze(x, axis)`, `shape(x)`, `size(x)`, `dtype(x)` |
-//! | gather | `take(x, idx, axis)`, `index(x, c0, c1, ..)` |
+//! | gather | `take(x, idx, axis)`, `index(x, c0, c1, ..)`, `index_at(x, idx)` (`idx` a tuple of components) |
+//! | update | `index_set index_add index_mul index_min index_max` (x, idx, v) |
 //! | linear algebra | `matmul(a, b)`, `dot(a, b)`, `outer(a, b)` |
 //! | creation | `zeros(shape, dtype)`, `ones(shape, dtype)`, `full(shape, v, dtype)`, `zeros_like(x)`, `ones_like(x)`, `arange(n, dtype)`, `eye(n, dtype)`, `one_hot(labels, n, dtype)` |
 //! | random | `randn(shape, seed, dtype)`, `rand(shape, seed, dtype)`, `permutation(n, seed)` |
@@ -44,7 +45,7 @@ pub mod strided;
 pub mod structural;
 pub mod tree;
 
-pub use ctx::{Ctx, Kernel};
+pub use ctx::{Ctx, InplaceKernel, Kernel};
 
 /// Every kernel by primitive name.
 pub const KERNELS: &[(&str, Kernel)] = &[
@@ -115,6 +116,13 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     // gather
     ("take", index::take),
     ("index", index::index),
+    ("index_at", index::index_at),
+    // updates
+    ("index_set", index::index_set),
+    ("index_add", index::index_add),
+    ("index_mul", index::index_mul),
+    ("index_min", index::index_min),
+    ("index_max", index::index_max),
     // linear algebra
     ("matmul", linalg::matmul),
     ("dot", linalg::dot),
@@ -186,6 +194,15 @@ pub fn lookup(name: &str) -> Option<Kernel> {
     KERNELS
         .iter()
         .chain(map::MATH_KERNELS)
+        .find(|(n, _)| *n == name)
+        .map(|(_, k)| *k)
+}
+
+/// The variant of the primitive `name`'s kernel that may consume its
+/// arguments (see [`InplaceKernel`]), if it has one.
+pub fn lookup_inplace(name: &str) -> Option<InplaceKernel> {
+    index::INPLACE_KERNELS
+        .iter()
         .find(|(n, _)| *n == name)
         .map(|(_, k)| *k)
 }
