@@ -316,7 +316,7 @@ impl<'input> Cx<'input> {
                     Diagnostic::error("cannot assign to this expression", target.span)
                         .with_label("not a variable or a tuple of variables")
                         .with_note(
-                            "only names and tuples of names can be assigned: `x = e;`, `(a, b) = e;`",
+                            "only names, tuples of names and indexed variables can be assigned: `x = e;`, `(a, b) = e;`, `v[i] = e;`",
                         ),
                 );
                 return ParsedStmt::Error;

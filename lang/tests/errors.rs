@@ -122,9 +122,15 @@ fn eof_error_points_at_unclosed_bracket() {
 #[test]
 fn bad_assignment_targets() {
     assert_eq!(
-        short("fn f() { x[0] = 1; }"),
+        short("fn f() { g(0) = 1; }"),
         vec!["bad.adj:1:10: error: cannot assign to this expression"]
     );
+    // An indexed update needs a variable to update (issue 25).
+    assert_eq!(
+        short("fn f() { p.w[0] = 1; }"),
+        vec!["bad.adj:1:10: error: cannot assign to this indexed expression"]
+    );
+    assert!(short("fn f() { x[0] = 1; x[i, 1:3] += y; }").is_empty());
     assert_eq!(
         short("fn f() { (a, b) += 1; }"),
         vec!["bad.adj:1:10: error: cannot use `+=` on this expression"]
