@@ -546,7 +546,7 @@ impl Gen {
     fn reduction(&mut self, d: u32) -> String {
         let ty = self.rng.pick(&TENSOR_TYPES).clone();
         let t = self.expr_t(&ty, d - 1);
-        match self.rng.below(9) {
+        match self.rng.below(12) {
             0 | 1 => format!("sum({t})"),
             2 => format!("mean({t})"),
             3 => {
@@ -588,6 +588,43 @@ impl Gen {
                     format!("{op2}({op}({t}, axis = {ax}))")
                 } else {
                     format!("mean({t})")
+                }
+            }
+            9 => {
+                // running sums and products (NumPy's cumsum, cumprod)
+                self.feat("scan");
+                let w = self.tensor_lit(&ty);
+                let axis = match ty {
+                    Ty::M(..) => format!(", axis = {}", self.rng.below(2)),
+                    _ => String::new(),
+                };
+                if self.rng.chance(0.5) {
+                    format!("sum(cumsum({t}{axis}) * {w})")
+                } else {
+                    format!("sum(cumprod(tanh({t}){axis}) * {w})")
+                }
+            }
+            10 => {
+                // reorderings: sort (kinks at ties), flip, roll
+                let w = self.tensor_lit(&ty);
+                match self.rng.below(3) {
+                    0 => {
+                        self.feat("sort");
+                        self.feat("kink");
+                        format!("sum(sort({t}) * {w})")
+                    }
+                    1 => format!("sum(flip({t}) * {w})"),
+                    _ => format!("sum(roll({t}, {}) * {w})", self.rng.below(3) as i64 - 1),
+                }
+            }
+            11 => {
+                // statistics and norms away from their square roots' zero
+                self.feat("stats");
+                let w = self.tensor_lit(&ty);
+                match self.rng.below(3) {
+                    0 => format!("var({t})"),
+                    1 => format!("std({t} + {w})"),
+                    _ => format!("norm(1.0 + {t} * {t})"),
                 }
             }
             _ => {
