@@ -380,6 +380,9 @@ impl Lowerer<'_> {
                     if DIFF_NAMES.contains(&n.as_str()) {
                         return self.lower_diff(module, cx, n, args, span);
                     }
+                    if n == "einsum" {
+                        return self.lower_einsum(module, cx, args, span);
+                    }
                     if let Some(p) = self.prim_named(module, n) {
                         return self.call_prim(module, cx, p, args, span);
                     }

@@ -13,6 +13,7 @@
 //! yields the next one. No later pass can reorder or drop IO without
 //! breaking that data dependence.
 
+mod einsum;
 mod expr;
 mod modules;
 mod scan;
