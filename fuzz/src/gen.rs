@@ -617,6 +617,18 @@ impl Gen {
                     _ => format!("sum(roll({t}, {}) * {w})", self.rng.below(3) as i64 - 1),
                 }
             }
+            11 if matches!(ty, Ty::M(..)) && self.rng.chance(0.4) => {
+                // einsum: a matrix product and a transposed weighting
+                self.feat("einsum");
+                let Ty::M(r, c) = ty else { unreachable!() };
+                let u = self.expr_t(&Ty::M(c, r), d - 1);
+                let w = self.tensor_lit(&Ty::M(c, r));
+                if self.rng.chance(0.5) {
+                    format!("sum(einsum(\"ij,jk->ik\", {t}, {u}))")
+                } else {
+                    format!("einsum(\"ij,ji->\", {t}, {w})")
+                }
+            }
             11 => {
                 // statistics and norms away from their square roots' zero
                 self.feat("stats");
