@@ -107,6 +107,20 @@ impl Lowerer<'_> {
         es.iter().map(|e| self.lower_expr(module, cx, e)).collect()
     }
 
+    /// Function `name` of module `target` (imported as `alias`).
+    fn module_member(&self, target: usize, alias: &str, name: &ast::Ident) -> R<FnKey> {
+        match self.mods[target].fns.get(&name.name) {
+            Some(&item) => Ok(FnKey {
+                module: target,
+                item,
+            }),
+            None => Err(Diagnostic::error(
+                format!("module `{alias}` has no function `{}`", name.name),
+                name.span,
+            )),
+        }
+    }
+
     pub(super) fn module_member_value(
         &mut self,
         target: usize,
@@ -114,16 +128,7 @@ impl Lowerer<'_> {
         name: &ast::Ident,
         span: Span,
     ) -> R<NodeId> {
-        let Some(i) = self.mods[target].fns.get(&name.name).copied() else {
-            return Err(Diagnostic::error(
-                format!("module `{alias}` has no function `{}`", name.name),
-                name.span,
-            ));
-        };
-        let key = FnKey {
-            module: target,
-            item: i,
-        };
+        let key = self.module_member(target, alias, name)?;
         if self.effectful.contains(&key) {
             return Err(effectful_value_error(&name.name, span));
         }
@@ -398,16 +403,7 @@ impl Lowerer<'_> {
                 if let ExprKind::Name(m) = &*base.kind {
                     if self.lookup(m).is_none() {
                         if let Some(target) = self.mods[module].imports.get(m).copied() {
-                            let Some(i) = self.mods[target].fns.get(&name.name).copied() else {
-                                return Err(Diagnostic::error(
-                                    format!("module `{m}` has no function `{}`", name.name),
-                                    name.span,
-                                ));
-                            };
-                            let key = FnKey {
-                                module: target,
-                                item: i,
-                            };
+                            let key = self.module_member(target, m, name)?;
                             let g = self.fn_graph(key);
                             let def = self.fn_def(key);
                             let eff = self.effectful.contains(&key);
