@@ -16,7 +16,10 @@
 //!   `r = F(h)(a.., da..)` followed by `tuple_get(r, 0)` (the primal) and
 //!   `tuple_get(r, 1)` (the tangent). When the call is `f`'s output, `r` is
 //!   the output of `F(f)` as it is, so tail calls stay tail calls and loops
-//!   run in constant stack.
+//!   run in constant stack. `make_tuple`, `tuple_get` and `record_get` are
+//!   written inline instead (the tuple of the tangents, the part of the
+//!   tangent), so inference does not specialise a shared rule graph once
+//!   per tuple type.
 //!
 //! Nested graphs (closures) are transformed in turn; their free variables
 //! are nodes of an enclosing graph, so in `F` of the nested graph they
@@ -310,6 +313,36 @@ impl Ad<'_> {
                 self.prov.origin.insert(yp, y);
                 self.f_tangent.insert(y, dy);
                 continue;
+            }
+            // Making a tuple and taking a part of a tuple or record are
+            // inline: the tangent is the tuple of the tangents, or the same
+            // part of the tangent (a symbolic zero gives zero). A shared
+            // `F.tuple_get` graph would be specialised once per tuple type
+            // it meets, thousands of times in nested transforms.
+            if let Some(Const::Prim(p @ (Prim::TupleGet | Prim::RecordGet | Prim::MakeTuple))) =
+                self.m.as_const(inputs[0]).cloned()
+            {
+                if arity == 2 || p == Prim::MakeTuple {
+                    let mut xs = Vec::with_capacity(arity);
+                    for &a in &inputs[1..] {
+                        xs.push(self.fwd_primal(ff, a, arity, yloc)?);
+                    }
+                    let dxs: Vec<NodeId> = if p == Prim::MakeTuple {
+                        inputs[1..]
+                            .iter()
+                            .map(|&a| self.fwd_tangent(ff, a))
+                            .collect()
+                    } else {
+                        vec![self.fwd_tangent(ff, inputs[1]), xs[1]]
+                    };
+                    let yp = self.prim(ff, p, &xs, yloc);
+                    let dy = self.prim(ff, p, &dxs, yloc);
+                    self.f_primal.insert(y, yp);
+                    self.prov.origin.insert(yp, y);
+                    self.f_tangent.insert(y, dy);
+                    self.prov.tangent_origin.insert(dy, y);
+                    continue;
+                }
             }
             let callee = match self.m.as_const(inputs[0]) {
                 Some(Const::Prim(p)) => {

@@ -90,8 +90,14 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
     // differentiation alone; the others see it as `Unknown`.
     let stripped: Vec<AbsVal>;
     let args = if takes_zero(p) {
-        if matches!(p, Prim::TupleGet | Prim::RecordGet) && args[0] == AbsVal::Zero {
-            return Ok(AbsVal::Unknown);
+        // A part of the symbolic zero, and the cotangent of a part of it,
+        // are the symbolic zero (as in the kernels).
+        if matches!(
+            p,
+            Prim::TupleGet | Prim::RecordGet | Prim::TupleGrad | Prim::RecordGrad
+        ) && args[0] == AbsVal::Zero
+        {
+            return Ok(AbsVal::Zero);
         }
         args
     } else if args.iter().any(AbsVal::contains_zero) {

@@ -565,6 +565,11 @@ pub fn index_grad(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 pub fn tuple_grad(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "tuple_grad";
     arity(op, args, 3)?;
+    // The symbolic zero has no parts to take a cotangent.
+    if matches!(args[0], Value::Zero) {
+        int(op, &args[1], "the index")?;
+        return Ok(Value::Zero);
+    }
     // A tape stands for the list `(top, rest)` (or `()` when empty).
     let n = match &args[0] {
         Value::Tape(t) => t.list_len(),
@@ -587,6 +592,10 @@ pub fn tuple_grad(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 pub fn record_grad(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let op = "record_grad";
     arity(op, args, 3)?;
+    if matches!(args[0], Value::Zero) {
+        string(op, &args[1], "the field name")?;
+        return Ok(Value::Zero);
+    }
     let Value::Record(r) = &args[0] else {
         return err(format!("{op}: expected a record, got {}", args[0].kind()));
     };
