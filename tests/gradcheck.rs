@@ -95,6 +95,12 @@ impl Case {
         self
     }
     fn c(mut self, name: &'static str, init: impl Into<String>) -> Case {
+        // The generated program's own names would shadow the constant.
+        assert!(
+            !["u", "e", "g", "k", "fd", "eps", "err"].contains(&name),
+            "constant `{name}` of a `{}` case: the checking program uses that name",
+            self.prim
+        );
         self.consts.push((name, init.into()));
         self
     }
@@ -365,6 +371,71 @@ fn cases() -> Vec<Case> {
             .w("2, 5")
             .e("sum(cumprod(x * [1.0, 0.0, 1.0, 0.0, 1.0], axis = 1) * w)"),
     );
+
+    // ----- matrix decompositions ----------------------------------------
+    // Well-conditioned matrices: a random part plus a multiple of the
+    // identity (positive definite symmetric parts for cholesky and eigh).
+    let wellcond =
+        |shape: &str, seed: u32| format!("({} * 0.5 + 3.0 * eye(3, dtype = f64))", rn(shape, seed));
+    v.push(
+        case("solve", "matrix right-hand side")
+            .x("a", wellcond("3, 3", 600))
+            .x("b", rn("3, 2", 601))
+            .w("3, 2")
+            .e("sum(solve(a, b) * w)"),
+    );
+    v.push(
+        case("solve", "stack of matrices, one vector")
+            .x("a", wellcond("2, 3, 3", 602))
+            .x("b", rn("3", 603))
+            .w("2, 3")
+            .e("sum(solve(a, b) * w)"),
+    );
+    for (i, lower) in ["true", "false"].iter().enumerate() {
+        v.push(
+            case("triangular_solve", format!("lower = {lower}"))
+                .x("a", wellcond("3, 3", 604 + i as u32))
+                .x("b", rn("3, 2", 606 + i as u32))
+                .w("3, 2")
+                .e(format!("sum(triangular_solve(a, b, lower = {lower}) * w)")),
+        );
+    }
+    v.push(
+        case("det", "stack of matrices")
+            .x("a", wellcond("2, 3, 3", 608))
+            .w("2")
+            .e("sum(det(a) * w)"),
+    );
+    v.push(
+        case("slogdet", "a negative determinant")
+            .x(
+                "a",
+                format!("({} * [[1.0], [1.0], [-1.0]])", wellcond("3, 3", 609)),
+            )
+            .e("slogdet(a).1 + slogdet(a).0"),
+    );
+    v.push(
+        case("cholesky", "stack of matrices")
+            .x("a", wellcond("2, 3, 3", 610))
+            .w("2, 3, 3")
+            .e("sum(cholesky(a) * w)"),
+    );
+    v.push(
+        case("eigh", "values and vectors")
+            .x("a", wellcond("3, 3", 611))
+            .w("3, 3")
+            .c("wv", rn("3", 612))
+            .e("sum(eigh(a).1 * w) + sum(eigh(a).0 * wv)"),
+    );
+    for (i, shape) in ["4, 3", "3, 3"].iter().enumerate() {
+        v.push(
+            case("qr", format!("[{shape}]"))
+                .x("a", rn(shape, 613 + i as u32))
+                .c("wq", rn(shape, 615 + i as u32))
+                .c("wr", rn("3, 3", 617 + i as u32))
+                .e("sum(qr(a).0 * wq) + sum(qr(a).1 * wr)"),
+        );
+    }
 
     // ----- reductions ---------------------------------------------------
     for (i, p) in ["sum", "mean", "max", "min", "prod"].iter().enumerate() {

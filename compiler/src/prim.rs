@@ -81,6 +81,8 @@ const fn opt(name: &'static str, d: Default) -> Param {
 
 const X: &[Param] = &[req("x")];
 const XY: &[Param] = &[req("x"), req("y")];
+const A: &[Param] = &[req("a")];
+const AB: &[Param] = &[req("a"), req("b")];
 const REDUCE: &[Param] = &[
     req("x"),
     opt("axis", Default::Unit),
@@ -234,6 +236,21 @@ prims! {
     Matmul = "matmul", Contract, XY, false, true;
     Dot = "dot", Contract, XY, false, true;
     Outer = "outer", Contract, XY, false, true;
+    // matrix decompositions, on stacks of matrices (runtime/src/kernels/decomp.rs)
+    /// `x` with `a @ x = b`.
+    Solve = "solve", Contract, AB, false, true;
+    /// `x` with `a @ x = b`, reading one triangle of `a`.
+    TriangularSolve = "triangular_solve", Contract,
+        &[req("a"), req("b"), opt("lower", Default::Bool(true))], false, true;
+    Det = "det", Contract, A, false, true;
+    /// `(sign, log|det|)`.
+    Slogdet = "slogdet", Contract, A, false, true;
+    /// The lower Cholesky factor of the symmetric part of `a`.
+    Cholesky = "cholesky", Contract, A, false, true;
+    /// `(w, v)`: eigenvalues (ascending) and eigenvectors of the symmetric part.
+    Eigh = "eigh", Contract, A, false, true;
+    /// The reduced `(q, r)`, `r` with a non-negative diagonal.
+    Qr = "qr", Contract, A, false, true;
     // queries, creation and random numbers
     Shape = "shape", Create, X, false, false;
     Size = "size", Create, X, false, false;

@@ -931,3 +931,86 @@ mod tests {
         assert!(unstack(t(&[]), 0).is_err());
     }
 }
+
+/// A stack of square matrices `[.., n, n]` (`det`, `slogdet`, `cholesky`,
+/// `eigh`, and the `a` of the solves): its batch dimensions and `n`.
+pub fn square(op: &str, a: TensorTy) -> Result<(Vec<usize>, usize), String> {
+    match a.shape {
+        [batch @ .., n, m] if n == m => Ok((batch.to_vec(), *n)),
+        _ => Err(format!(
+            "{op}: expected a square matrix or a stack of them (shape [.., n, n]), got {a}"
+        )),
+    }
+}
+
+/// How `solve(a, b)` and `triangular_solve(a, b)` run: `a` is `[.., n, n]`,
+/// `b` is `[.., n, k]`, or `[n]` (one right-hand side, as NumPy takes a
+/// 1-d `b`); the batch dimensions broadcast.
+#[derive(Clone, Debug)]
+pub struct SolvePlan {
+    pub batch: Vec<usize>,
+    pub a_batch: Vec<usize>,
+    pub b_batch: Vec<usize>,
+    pub n: usize,
+    /// Right-hand sides per matrix.
+    pub k: usize,
+    /// The result's shape: the batch, then `[n, k]` (`[n]` for a 1-d `b`).
+    pub shape: Vec<usize>,
+}
+
+pub fn solve_plan(op: &str, a: TensorTy, b: TensorTy) -> Result<SolvePlan, String> {
+    let (a_batch, n) = square(op, a)?;
+    let (b_batch, nb, k, vector) = match b.shape {
+        [nb] => (&[][..], *nb, 1, true),
+        [batch @ .., nb, k] => (batch, *nb, *k, false),
+        [] => {
+            return Err(format!(
+                "{op}: b must be a vector or a matrix (or a stack of them), got {b}"
+            ))
+        }
+    };
+    if nb != n {
+        return Err(format!(
+            "{op}: a is {a}, so b needs {n} rows, but it is {b}"
+        ));
+    }
+    let batch = broadcast_shapes(&a_batch, b_batch).ok_or_else(|| {
+        format!(
+            "{op}: the batch dimensions of a ({}) and b ({}) cannot be broadcast",
+            fmt_shape(&a_batch),
+            fmt_shape(b_batch)
+        )
+    })?;
+    let mut shape = batch.clone();
+    shape.push(n);
+    if !vector {
+        shape.push(k);
+    }
+    checked_size(&shape).ok_or_else(|| too_big(op))?;
+    Ok(SolvePlan {
+        batch,
+        a_batch,
+        b_batch: b_batch.to_vec(),
+        n,
+        k,
+        shape,
+    })
+}
+
+/// `qr(a)` of `a: [.., m, n]`, reduced as NumPy's default: the shapes of
+/// `q` (`[.., m, k]`) and `r` (`[.., k, n]`), `k = min(m, n)`.
+pub fn qr(a: TensorTy) -> Result<(Vec<usize>, Vec<usize>), String> {
+    match a.shape {
+        [batch @ .., m, n] => {
+            let k = (*m).min(*n);
+            let mut q = batch.to_vec();
+            q.extend([*m, k]);
+            let mut r = batch.to_vec();
+            r.extend([k, *n]);
+            Ok((q, r))
+        }
+        _ => Err(format!(
+            "qr: expected a matrix or a stack of them (shape [.., m, n]), got {a}"
+        )),
+    }
+}

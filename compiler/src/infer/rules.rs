@@ -266,6 +266,40 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         Prim::Matmul => contract("`@`", args, shape::matmul),
         Prim::Dot => contract(op, args, shape::dot),
         Prim::Outer => contract(op, args, shape::outer),
+        Prim::Solve | Prim::TriangularSolve => {
+            let a = float_operand(op, "a", &args[0])?;
+            let b = float_operand(op, "b", &args[1])?;
+            let plan = shape::solve_plan(op, a.ty(), b.ty())?;
+            let d = if a.dtype == DType::F64 || b.dtype == DType::F64 {
+                DType::F64
+            } else {
+                DType::F32
+            };
+            Ok(AbsVal::Tensor(AbsTensor::new(d, plan.shape, false)))
+        }
+        Prim::Det | Prim::Slogdet | Prim::Cholesky | Prim::Eigh => {
+            let a = float_operand(op, "a", &args[0])?;
+            let (batch, n) = shape::square(op, a.ty())?;
+            let t = |extra: &[usize]| {
+                let mut s = batch.clone();
+                s.extend_from_slice(extra);
+                AbsVal::Tensor(AbsTensor::new(a.dtype, s, false))
+            };
+            Ok(match p {
+                Prim::Det => t(&[]),
+                Prim::Slogdet => AbsVal::Tuple(vec![t(&[]), t(&[])]),
+                Prim::Cholesky => t(&[n, n]),
+                _ => AbsVal::Tuple(vec![t(&[n]), t(&[n, n])]),
+            })
+        }
+        Prim::Qr => {
+            let a = float_operand(op, "a", &args[0])?;
+            let (q, r) = shape::qr(a.ty())?;
+            Ok(AbsVal::Tuple(vec![
+                AbsVal::Tensor(AbsTensor::new(a.dtype, q, false)),
+                AbsVal::Tensor(AbsTensor::new(a.dtype, r, false)),
+            ]))
+        }
         Prim::Shape => {
             let x = tensor(op, &args[0])?;
             Ok(AbsVal::Tuple(
@@ -700,6 +734,18 @@ fn tensor_tuple<'v>(op: &str, v: &'v AbsVal) -> Result<Option<Vec<&'v AbsTensor>
         .map(|x| tensor(op, x))
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// A float tensor operand of a matrix decomposition.
+fn float_operand<'v>(op: &str, what: &str, v: &'v AbsVal) -> Result<&'v AbsTensor, RuleError> {
+    let t = tensor(op, v)?;
+    if !t.dtype.is_float() {
+        return fail(format!(
+            "{op}: {what} must be a float tensor, got {}",
+            t.ty()
+        ));
+    }
+    Ok(t)
 }
 
 fn tensor<'v>(op: &str, v: &'v AbsVal) -> Result<&'v AbsTensor, RuleError> {

@@ -338,7 +338,8 @@ impl Rewriter<'_> {
     pub(super) fn tensor_valued(&self, n: NodeId) -> bool {
         match self.m.applied_prim(n) {
             Some(p) => match p.category() {
-                Category::Map | Category::Reduce | Category::Contract => true,
+                Category::Map | Category::Reduce => true,
+                Category::Contract => !matches!(p, Prim::Slogdet | Prim::Eigh | Prim::Qr),
                 Category::Reindex => !matches!(p, Prim::SplitLike | Prim::Unstack),
                 _ => false,
             },

@@ -21,6 +21,7 @@
 //! | gather | `take(x, idx, axis)`, `index(x, c0, c1, ..)`, `index_at(x, idx)` (`idx` a tuple of components) |
 //! | update | `index_set index_add index_mul index_min index_max` (x, idx, v) |
 //! | linear algebra | `matmul(a, b)`, `dot(a, b)`, `outer(a, b)` |
+//! | decompositions | `solve(a, b)`, `triangular_solve(a, b, lower)`, `det(a)`, `slogdet(a)`, `cholesky(a)`, `eigh(a)`, `qr(a)` (on `faer`) |
 //! | creation | `zeros(shape, dtype)`, `ones(shape, dtype)`, `full(shape, v, dtype)`, `zeros_like(x)`, `ones_like(x)`, `arange(n, dtype)`, `eye(n, dtype)`, `one_hot(labels, n, dtype)` |
 //! | random | `randn(shape, seed, dtype)`, `rand(shape, seed, dtype)`, `permutation(n, seed)` |
 //! | trees | `tree_map(f, t, ..)`, `tree_sum(t)`, `tree_gadd(t)` |
@@ -32,6 +33,7 @@ pub mod ad;
 pub mod args;
 pub mod create;
 pub mod ctx;
+pub mod decomp;
 pub mod index;
 pub mod io;
 pub mod linalg;
@@ -99,6 +101,14 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("cumsum", scan::cumsum),
     ("cumprod", scan::cumprod),
     ("argsort", scan::argsort),
+    // matrix decompositions
+    ("solve", decomp::solve),
+    ("triangular_solve", decomp::triangular_solve),
+    ("det", decomp::det),
+    ("slogdet", decomp::slogdet),
+    ("cholesky", decomp::cholesky),
+    ("eigh", decomp::eigh),
+    ("qr", decomp::qr),
     ("is_unit", scan::is_unit),
     ("is_tuple", scan::is_tuple),
     ("fail", scan::fail),
