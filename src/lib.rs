@@ -287,10 +287,16 @@ fn with_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 struct FsLoader;
 
-/// The dtype and shape `load_npy(path)` will give, from the file's header
-/// (its first 64 KiB), when it can be read now.
+/// The dtype and shape a load of `path` will give, when it can be read
+/// now: `load_csv` of a `.csv` file (read whole), else `load_npy` (from
+/// the file's header, its first 64 KiB).
 fn npy_header_type(path: &str) -> Option<(adjoint_runtime::DType, Vec<usize>)> {
     use std::io::Read;
+    if path.ends_with(".csv") {
+        let text = std::fs::read_to_string(path).ok()?;
+        let (_, rows, cols) = adjoint_runtime::kernels::io::csv_table(path, &text).ok()?;
+        return Some((adjoint_runtime::DType::F64, vec![rows, cols]));
+    }
     let mut prefix = Vec::new();
     std::fs::File::open(path)
         .ok()?
@@ -412,6 +418,8 @@ pub struct Session {
     loaded: Option<Arc<Loaded>>,
     cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
     compiler: CompilerOptions,
+    /// What `main(args)` receives (`adjoint run FILE -- a b`).
+    main_args: Vec<String>,
 }
 
 impl Session {
@@ -426,6 +434,40 @@ impl Session {
             loaded: None,
             cuda: None,
             compiler: CompilerOptions::default(),
+            main_args: Vec::new(),
+        }
+    }
+
+    /// The same session passing `args` to a `main` that takes one
+    /// parameter, as a tuple of strings (the command line after `--`).
+    pub fn with_main_args(mut self, args: Vec<String>) -> Session {
+        self.main_args = args;
+        self
+    }
+
+    /// What `main` is called with: `(args,)` when it takes the
+    /// command-line arguments, nothing when it takes no parameter (then
+    /// there must be no arguments), with their abstract types.
+    fn main_call(&self) -> Result<(Vec<Value>, Vec<AbsVal>), SessionError> {
+        let program = self.program()?;
+        let takes_args = program
+            .function("main")
+            .is_some_and(|g| program.arity(g) == 1);
+        if takes_args {
+            let v = Value::tuple(
+                self.main_args
+                    .iter()
+                    .map(|s| Value::str(s.as_str()))
+                    .collect(),
+            );
+            let a = AbsVal::from_value(&v).expect("strings have abstract values");
+            Ok((vec![v], vec![a]))
+        } else if !self.main_args.is_empty() {
+            Err(SessionError::message(
+                "`main` takes no parameters, so the arguments after `--` have nowhere to go: declare `fn main(args)` to receive them as a tuple of strings".into(),
+            ))
+        } else {
+            Ok((Vec::new(), Vec::new()))
         }
     }
 
@@ -565,15 +607,26 @@ impl Session {
         self.function(name)?.call_with_output(&[], out)
     }
 
-    /// Type-checks the program (its `main`, if any).
+    /// Type-checks the program (its `main`, if any, with the session's
+    /// command-line arguments when it takes them).
     pub fn check(&self) -> Result<(), SessionError> {
         let program = self.program()?;
-        with_stack(|| program.check()).map_err(|d| self.error(d))
+        let (_, abs) = self.main_call()?;
+        if abs.is_empty() {
+            with_stack(|| program.check()).map_err(|d| self.error(d))
+        } else {
+            with_stack(|| program.infer("main", &abs))
+                .map(|_| ())
+                .map_err(|d| self.error(d))
+        }
     }
 
     /// Runs `main`, writing what it prints to `out`.
     pub fn run_main(&self, out: &mut dyn std::io::Write) -> Result<(), SessionError> {
-        self.run_function("main", out).map(|_| ())
+        let (args, _) = self.main_call()?;
+        self.function("main")?
+            .call_with_output(&args, out)
+            .map(|_| ())
     }
 
     /// The type of what function `name` returns when called with no
@@ -602,7 +655,9 @@ impl Session {
         let start = heap_in_use();
         reset_heap_peak();
         let t0 = std::time::Instant::now();
-        let ex = with_stack(|| program.prepare_main(mode)).map_err(|d| self.error(d))?;
+        let (args, abs) = self.main_call()?;
+        let ex =
+            with_stack(|| program.prepare_with("main", mode, &abs)).map_err(|d| self.error(d))?;
         let compile = t0.elapsed();
         let compile_peak = heap_peak().wrapping_sub(start);
         let before_run = heap_in_use();
@@ -611,7 +666,9 @@ impl Session {
         let closures0 = adjoint_runtime::vm::closures_made();
         let updates0 = adjoint_runtime::kernels::index::update_counts();
         let t1 = std::time::Instant::now();
-        program.execute_main(&ex, out).map_err(|d| self.error(d))?;
+        program
+            .execute_with("main", &ex, args, out)
+            .map_err(|d| self.error(d))?;
         let run = t1.elapsed();
         let calls1 = adjoint_compiler::fuse::kernel_calls();
         let closures_made = adjoint_runtime::vm::closures_made() - closures0;

@@ -73,9 +73,17 @@ enum Command {
         /// nothing.
         #[arg(long, value_name = "FILE")]
         plot: Option<PathBuf>,
+        /// Arguments for `fn main(args)`, after `--`: a tuple of strings.
+        #[arg(last = true)]
+        args: Vec<String>,
     },
     /// Parse, lower and type-check a program without running it.
-    Check { file: PathBuf },
+    Check {
+        file: PathBuf,
+        /// Arguments for `fn main(args)`, after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// List the devices programs can run on (the CPU, and CUDA GPUs when a
     /// driver is present).
     Devices,
@@ -199,6 +207,7 @@ fn run(cli: Cli) -> ExitCode {
             device,
             stats,
             plot,
+            args,
         } => {
             let mode = match mode {
                 ModeArg::Eager => Mode::Eager,
@@ -213,14 +222,15 @@ fn run(cli: Cli) -> ExitCode {
             };
             // Progress bars (on a terminal) and plots.
             adjoint_runtime::host::set_host(Some(Box::new(host::CliHost::new(plot))));
-            let r = run_file(&file, mode, device, stats);
+            let r = run_file(&file, mode, device, stats, args);
             // Dropping the host closes bars left open by an early return.
             adjoint_runtime::host::set_host(None);
             r
         }
         Command::Repl { .. } => Ok(()),
         Command::Devices => write_stdout(&devices_text()),
-        Command::Check { file } => session(Mode::Eager)
+        Command::Check { file, args } => session(Mode::Eager)
+            .with_main_args(args)
             .load_file(&file)
             .and_then(|s| s.check()),
         Command::Emit {
@@ -337,12 +347,14 @@ fn run_file(
     mode: Mode,
     device: Device,
     stats: bool,
+    args: Vec<String>,
 ) -> Result<(), SessionError> {
     let session = Session::with_options(Options {
         mode,
         device,
         compiler: adjoint::env_options::compiler_options(),
     })?
+    .with_main_args(args)
     .load_file(file)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -65,6 +65,9 @@ pub struct Repl {
     /// `let` statements, in order.
     lets: Vec<String>,
     color: bool,
+    /// Whether an input has failed (`adjoint repl < script` then exits
+    /// with status 1).
+    failed: bool,
 }
 
 /// What the input loop should do next.
@@ -86,6 +89,7 @@ impl Repl {
             items: Vec::new(),
             lets: Vec::new(),
             color: std::io::stderr().is_terminal(),
+            failed: false,
         }
     }
 
@@ -100,11 +104,13 @@ impl Repl {
         match r {
             Ok(Ok(flow)) => flow,
             Ok(Err(e)) => {
+                self.failed = true;
                 let _ = write!(err, "{}", e.render(self.color));
                 let _ = err.flush();
                 Flow::Continue
             }
             Err(payload) => {
+                self.failed = true;
                 let recorded = LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).take();
                 let msg = recorded.unwrap_or_else(|| panic_message(&*payload));
                 let _ = writeln!(
@@ -377,6 +383,7 @@ impl Repl {
                 .collect(),
             lets: self.lets.clone(),
             color: self.color,
+            failed: false,
         };
         for d in new_imports {
             if !candidate.imports.iter().any(|o| o.key == d.key) {
@@ -649,8 +656,33 @@ fn split_args(s: &str) -> Vec<String> {
 }
 
 /// Whether `text` needs more lines: a bracket, a string or a block comment
-/// is still open.
+/// is still open, or the last line ends in a binary operator or a comma
+/// (`let y = a +`).
 pub fn is_incomplete(text: &str) -> bool {
+    open_at_end(text) || ends_in_operator(text)
+}
+
+/// Whether the last line, without a `//` comment, ends in an operator
+/// that needs a right operand (or a comma).
+fn ends_in_operator(text: &str) -> bool {
+    let last = text.lines().last().unwrap_or("");
+    let code = match last.find("//") {
+        // A `//` inside a string on the line is rare at a line's end;
+        // then the line is taken whole.
+        Some(i) if !last[..i].contains('"') => &last[..i],
+        _ => last,
+    };
+    let code = code.trim_end();
+    // `:grad f` and the other commands take no operators.
+    if code.trim_start().starts_with(':') {
+        return false;
+    }
+    code.ends_with([
+        '+', '-', '*', '/', '%', '@', '=', '<', '>', '&', '|', '^', ',',
+    ])
+}
+
+fn open_at_end(text: &str) -> bool {
     let mut depth = 0i64;
     let mut chars = text.chars().peekable();
     let mut comment = 0usize;
@@ -866,12 +898,27 @@ pub fn run(mode: Mode) -> std::process::ExitCode {
             break;
         }
     }
-    std::process::ExitCode::SUCCESS
+    // A script piped in fails as a whole when one of its inputs failed.
+    if !interactive && repl.failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trailing_operator_continues_the_input() {
+        assert!(is_incomplete("let a = 1.0 +"));
+        assert!(is_incomplete("let b = x @ // the product"));
+        assert!(is_incomplete("f(1.0,"));
+        assert!(!is_incomplete("let a = 1.0 + 2.0"));
+        assert!(!is_incomplete("x // ends in a comment +"));
+        assert!(!is_incomplete("print(\"a+\")"));
+    }
 
     #[test]
     fn brackets_strings_and_comments_decide_continuation() {

@@ -682,3 +682,50 @@ fn emit_cuda_source() {
     assert!(r.stdout.contains("expf(v0)"), "{r:?}");
     assert!(r.stdout.contains("__shfl_down_sync"), "{r:?}");
 }
+
+/// `adjoint run FILE -- ARGS` passes the arguments to `fn main(args)` as a
+/// tuple of strings; `int(s)` of one decides a shape; `load_csv` reads a
+/// table with a header; `format` writes the numbers.
+#[test]
+fn main_takes_command_line_arguments() {
+    let d = Dir::new("main-args");
+    d.write("data.csv", "x,y\n1.5,2\n-3,4e-1\n\n0.25, 8\n");
+    d.write(
+        "prog.adj",
+        "\
+fn main(args) {
+    let n = int(args.0);
+    let lr = float(args.1);
+    let t = load_csv(\"data.csv\");
+    print(format(\"{} {:.3} {}\", n, lr, shape(t)), zeros([n]));
+    print(format(\"{:.2} | {:>7.1e} | {:<4}|\", sum(t, axis = 0), lr, n) + \" done\");
+}
+",
+    );
+    let want = "3 0.010 (3, 2) [0.0, 0.0, 0.0]\n[-1.25, 10.40] |  1.0e-2 | 3   | done\n";
+    for mode in ["graph", "eager"] {
+        assert_succeeds(
+            &adjoint(&d, &["run", "prog.adj", "--mode", mode, "--", "3", "0.01"]),
+            want,
+        );
+    }
+    assert_succeeds(&adjoint(&d, &["check", "prog.adj", "--", "3", "0.01"]), "");
+    // A bad number is an error at the conversion; missing arguments at the
+    // use; arguments for a `main` without a parameter are refused.
+    let r = adjoint(&d, &["run", "prog.adj", "--", "three", "0.01"]);
+    assert_fails(&r, "", &["int: \"three\" is not an integer", "prog.adj:2:"]);
+    let r = adjoint(&d, &["run", "prog.adj"]);
+    assert_fails(&r, "", &["out of range", "prog.adj:2:"]);
+    d.write("plain.adj", "fn main() { print(1); }\n");
+    let r = adjoint(&d, &["run", "plain.adj", "--", "x"]);
+    assert_fails(&r, "", &["declare `fn main(args)`"]);
+    // A CSV row of another width is an error naming the line.
+    d.write("bad.csv", "1,2\n3\n");
+    d.write("bad.adj", "fn main() { print(load_csv(\"bad.csv\")); }\n");
+    let r = adjoint(&d, &["run", "bad.adj", "--mode", "eager"]);
+    assert_fails(
+        &r,
+        "",
+        &["\"bad.csv\" line 2: 1 value, but the rows before have 2"],
+    );
+}

@@ -50,7 +50,9 @@ fn repl(args: &[&str], input: &str) -> Run {
     for bad in ["panicked", "RUST_BACKTRACE", "internal error"] {
         assert!(!r.stderr.contains(bad), "stderr mentions `{bad}`:\n{r:?}");
     }
-    assert_eq!(r.code, Some(0), "{r:?}");
+    // A piped session fails as a whole when one of its inputs failed.
+    let failed = r.stderr.contains("Error:") || r.stderr.contains("error:");
+    assert_eq!(r.code, Some(if failed { 1 } else { 0 }), "{r:?}");
     r
 }
 
@@ -104,8 +106,8 @@ fn an_error_prints_a_diagnostic_and_the_session_goes_on() {
         "fn f(x) = sin(x) * x\n\
          f(undefined_thing)\n\
          [1.0, 2.0] @ [[1.0, 2.0, 3.0]]\n\
-         fn broken(x) = x +\n\
          :nonsense\n\
+         fn broken(x) = x +\n\
          )\n\
          f(1.2)\n",
     );
@@ -367,4 +369,16 @@ fn ctrl_c_interrupts_a_running_input() {
     p.expect(Regex(r"-6")).expect("the session goes on");
     p.send_line(":quit").unwrap();
     p.expect(expectrl::Eof).expect("the REPL ends");
+}
+
+/// A line ending in an operator continues on the next; a piped script
+/// exits with status 1 when an input fails, after running the others.
+#[test]
+fn trailing_operators_continue_and_failures_set_the_exit_status() {
+    let r = repl(&[], "let a = 1.0 +\n  2.0\nprint(a * 2.0)\n");
+    assert_eq!(r.stdout, "6.0\n", "{r:?}");
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let r = repl(&[], "print(nope)\nprint(1.5)\n");
+    assert_eq!(r.stdout, "1.5\n", "{r:?}");
+    assert_eq!(r.code, Some(1), "{r:?}");
 }

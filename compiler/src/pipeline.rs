@@ -79,7 +79,9 @@ fn written_paths(m: &crate::ir::Module) -> HashSet<String> {
         let callee = m.as_const(ins[0]);
         let load = matches!(
             callee,
-            Some(Const::Prim(Prim::LoadNpy | Prim::LoadSafetensors))
+            Some(Const::Prim(
+                Prim::LoadNpy | Prim::LoadCsv | Prim::LoadSafetensors
+            ))
         );
         for (k, &x) in ins.iter().enumerate() {
             if k == 0 {
@@ -212,7 +214,7 @@ impl Program {
             move |p: crate::prim::Prim, path: &str| -> Result<crate::infer::AbsVal, String> {
                 use crate::infer::{AbsTensor, AbsVal};
                 Ok(match (p, lt.get(path)) {
-                    (crate::prim::Prim::LoadNpy, Some((d, shape))) => {
+                    (crate::prim::Prim::LoadNpy | crate::prim::Prim::LoadCsv, Some((d, shape))) => {
                         AbsVal::Tensor(AbsTensor::new(d, shape, false))
                     }
                     _ => AbsVal::Unknown,
@@ -369,7 +371,7 @@ impl Program {
     fn main_params_error(&self, entry: GraphId) -> Diagnostic {
         let loc = self.lowered.module.graph(entry).loc;
         Diagnostic::error(
-            "`main` must take no parameters",
+            "`main` takes no parameters, or one: the command-line arguments (a tuple of strings)",
             span_of(loc).unwrap_or(Span::point(self.root, 0)),
         )
     }

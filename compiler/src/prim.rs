@@ -236,6 +236,13 @@ prims! {
     Matmul = "matmul", Contract, XY, false, true;
     Dot = "dot", Contract, XY, false, true;
     Outer = "outer", Contract, XY, false, true;
+    // strings (runtime/src/kernels/text.rs)
+    /// `format(template, values..)`: `{}` and `{:.3}`-style placeholders.
+    Format = "format", Create, &[req("template")], true, false;
+    /// `int(s)`: the int a string holds.
+    ParseInt = "int", Create, &[req("s")], false, false;
+    /// `float(s)`: the float a string holds.
+    ParseFloat = "float", Create, &[req("s")], false, false;
     // matrix decompositions, on stacks of matrices (runtime/src/kernels/decomp.rs)
     /// `x` with `a @ x = b`.
     Solve = "solve", Contract, AB, false, true;
@@ -360,6 +367,8 @@ prims! {
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;
     LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;
+    /// `load_csv(path)`: a CSV file of numbers as f64[rows, columns].
+    LoadCsv = "load_csv", Io, &[req("io"), req("path")], false, false;
     SaveNpy = "save_npy", Io, &[req("io"), req("path"), req("x")], false, false;
     SaveSafetensors = "save_safetensors", Io, &[req("io"), req("path"), req("record")], false, false;
     LoadSafetensors = "load_safetensors", Io, &[req("io"), req("path")], false, false;
@@ -449,7 +458,7 @@ impl Prim {
     /// Whether IO primitives produce a `(io, value)` pair rather than a new
     /// state token alone.
     pub fn returns_io_pair(self) -> bool {
-        matches!(self, Prim::LoadNpy | Prim::LoadSafetensors)
+        matches!(self, Prim::LoadNpy | Prim::LoadCsv | Prim::LoadSafetensors)
     }
 }
 

@@ -322,7 +322,9 @@ pub fn run(opts: &Options) -> Summary {
         for w in 0..jobs {
             let (next, results, indices) = (&next, &results, &indices);
             s.spawn(move || {
-                let dir = opts.out.join(format!("work-{w}"));
+                // Per process: two testers writing to one `--out` must not
+                // run each other's programs.
+                let dir = opts.out.join(format!("work-{}-{w}", std::process::id()));
                 let _ = std::fs::create_dir_all(&dir);
                 loop {
                     let k = next.fetch_add(1, Ordering::SeqCst);
@@ -366,6 +368,7 @@ pub fn run(opts: &Options) -> Summary {
                     }
                     results.lock().unwrap().push((index, prog, out));
                 }
+                let _ = std::fs::remove_dir_all(&dir);
             });
         }
     });
@@ -435,7 +438,7 @@ pub fn run(opts: &Options) -> Summary {
                 let (next, done, todo, by_index, summary) =
                     (&next, &done, &todo, &by_index, &summary);
                 s.spawn(move || {
-                    let dir = opts.out.join(format!("shrink-{w}"));
+                    let dir = opts.out.join(format!("shrink-{}-{w}", std::process::id()));
                     let _ = std::fs::create_dir_all(&dir);
                     loop {
                         let k = next.fetch_add(1, Ordering::SeqCst);

@@ -239,7 +239,21 @@ fn render_one(
         .with_index_type(IndexType::Byte);
     // ariadne keeps the labels of one file in one excerpt only when they
     // come in line order.
-    let mut labels = vec![(primary.clone(), &d.primary.message, true)];
+    // ariadne underlines only labels with text: a primary label without
+    // one (type and run-time errors) gets the reason, the message after
+    // its last `: `, so every error underlines its expression.
+    let reason;
+    let primary_message = if d.primary.message.is_empty() {
+        reason = d
+            .message
+            .rsplit_once(": ")
+            .map(|(_, r)| r.to_string())
+            .unwrap_or_else(|| "here".to_string());
+        &reason
+    } else {
+        &d.primary.message
+    };
+    let mut labels = vec![(primary.clone(), primary_message, true)];
     for l in &d.secondary {
         if let Some(span) = sanitize(l.span, sources) {
             labels.push((span, &l.message, false));

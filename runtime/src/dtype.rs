@@ -168,14 +168,6 @@ fn norm((d, w): WeakDType) -> WeakDType {
     (d, w && d != DType::Bool)
 }
 
-fn literal_name(d: DType) -> &'static str {
-    if d.is_float() {
-        "a float literal"
-    } else {
-        "an int literal"
-    }
-}
-
 /// Whether a weak literal of dtype `weak` may adopt the strong dtype `strong`:
 /// a weak int becomes any numeric dtype, a weak float only a float dtype.
 pub fn weak_adopts(weak: DType, strong: DType) -> bool {
@@ -186,43 +178,57 @@ pub fn weak_adopts(weak: DType, strong: DType) -> bool {
     }
 }
 
-/// The common dtype of two operands of `op` (language.md §2):
+/// The place of a dtype in the promotion chain: bool < u8 < i32 < i64 <
+/// f32 < f64. Two strong dtypes promote to the later one.
+fn rank(d: DType) -> u8 {
+    match d {
+        DType::Bool => 0,
+        DType::U8 => 1,
+        DType::I32 => 2,
+        DType::I64 => 3,
+        DType::F32 => 4,
+        DType::F64 => 5,
+    }
+}
+
+/// The dtype of floats that nothing else decides (creation without a
+/// `dtype`, an int meeting a float literal).
+pub const DEFAULT_FLOAT: DType = DType::F32;
+
+/// The common dtype of two operands (language.md §2), as JAX promotes:
 ///
-/// - both strong: the dtypes must be equal;
-/// - one weak: the weak side adopts the strong dtype if it can (a weak int
-///   any numeric dtype, a weak float a float dtype); the result is strong;
+/// - both strong: the later in the chain bool < u8 < i32 < i64 < f32 <
+///   f64 (an int with a float gives the float, as in JAX; two floats the
+///   wider);
+/// - one weak: a weak int adopts any numeric dtype (with a bool it gives
+///   i64); a weak float adopts a float dtype, and with an int or bool
+///   gives the default float dtype, f32; the result is strong;
 /// - both weak: the result is weak; int with float gives f64.
-pub fn promote(op: &str, a: WeakDType, b: WeakDType) -> Result<WeakDType, String> {
+///
+/// It never fails; the `Result` is for the callers' uniformity (bool
+/// arithmetic is refused by [`binary_operands`]).
+pub fn promote(_op: &str, a: WeakDType, b: WeakDType) -> Result<WeakDType, String> {
     let (a, b) = (norm(a), norm(b));
-    match (a, b) {
-        ((da, false), (db, false)) => {
-            if da == db {
-                Ok((da, false))
-            } else {
-                Err(format!(
-                    "{op}: dtype mismatch {da} and {db}; use a cast such as {da}(x)"
-                ))
-            }
-        }
+    Ok(match (a, b) {
+        ((da, false), (db, false)) => (if rank(da) >= rank(db) { da } else { db }, false),
         ((dw, true), (ds, false)) | ((ds, false), (dw, true)) => {
-            if weak_adopts(dw, ds) {
-                Ok((ds, false))
+            let d = if weak_adopts(dw, ds) {
+                ds
+            } else if dw.is_float() {
+                DEFAULT_FLOAT
             } else {
-                let cast = if dw.is_float() { "f32" } else { "i64" };
-                Err(format!(
-                    "{op}: cannot combine {ds} with {}; use a cast such as {cast}(x)",
-                    literal_name(dw)
-                ))
-            }
+                DType::I64
+            };
+            (d, false)
         }
         ((da, true), (db, true)) => {
             if da.is_float() || db.is_float() {
-                Ok((DType::F64, true))
+                (DType::F64, true)
             } else {
-                Ok((DType::I64, true))
+                (DType::I64, true)
             }
         }
-    }
+    })
 }
 
 /// [`promote`] folded over several operands (tensor literals, `concat`,
@@ -403,11 +409,12 @@ mod tests {
     #[test]
     fn strong_strong() {
         assert_eq!(promote("add", (F32, false), (F32, false)), Ok((F32, false)));
-        assert_eq!(
-            promote("add", (F32, false), (F64, false)).unwrap_err(),
-            "add: dtype mismatch f32 and f64; use a cast such as f32(x)"
-        );
-        assert!(promote("add", (I32, false), (I64, false)).is_err());
+        // Along the chain bool < u8 < i32 < i64 < f32 < f64, as JAX does.
+        assert_eq!(promote("add", (F32, false), (F64, false)), Ok((F64, false)));
+        assert_eq!(promote("add", (I32, false), (I64, false)), Ok((I64, false)));
+        assert_eq!(promote("add", (I64, false), (F32, false)), Ok((F32, false)));
+        assert_eq!(promote("add", (F32, false), (U8, false)), Ok((F32, false)));
+        assert_eq!(promote("eq", (Bool, false), (I32, false)), Ok((I32, false)));
     }
 
     #[test]
@@ -416,11 +423,10 @@ mod tests {
         assert_eq!(promote("mul", (F32, false), (I64, true)), Ok((F32, false)));
         assert_eq!(promote("mul", (I64, true), (U8, false)), Ok((U8, false)));
         assert_eq!(promote("mul", (F64, true), (F32, false)), Ok((F32, false)));
-        assert_eq!(
-            promote("add", (I64, false), (F64, true)).unwrap_err(),
-            "add: cannot combine i64 with a float literal; use a cast such as f32(x)"
-        );
-        assert!(promote("eq", (Bool, false), (I64, true)).is_err());
+        // An int tensor meeting a float literal: the default float dtype.
+        assert_eq!(promote("add", (I64, false), (F64, true)), Ok((F32, false)));
+        assert_eq!(promote("add", (U8, false), (F64, true)), Ok((F32, false)));
+        assert_eq!(promote("eq", (Bool, false), (I64, true)), Ok((I64, false)));
     }
 
     #[test]

@@ -450,7 +450,14 @@ pub fn join(a: &AbsVal, b: &AbsVal) -> Option<AbsVal> {
             let (dtype, weak) = if x.weak_dtype() == y.weak_dtype() {
                 x.weak_dtype()
             } else {
+                // Two paths' values of different strong dtypes do not
+                // join (a join is not an operation: nothing converts
+                // them); a weak literal joins a dtype it can adopt.
                 if !x.weak && !y.weak {
+                    return None;
+                }
+                let (w, s) = if x.weak { (x, y) } else { (y, x) };
+                if !s.weak && !adjoint_runtime::dtype::weak_adopts(w.dtype, s.dtype) {
                     return None;
                 }
                 adjoint_runtime::dtype::promote("join", x.weak_dtype(), y.weak_dtype()).ok()?

@@ -145,7 +145,61 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             let (d, w) = dtype::float_operand(op, x.weak_dtype())?;
             Ok(AbsVal::Tensor(AbsTensor::new(d, x.shape.clone(), w)))
         }
+        // `+` of two strings joins them.
+        Prim::Add if matches!((&args[0], &args[1]), (AbsVal::Str(_), AbsVal::Str(_))) => {
+            Ok(match (&args[0], &args[1]) {
+                (AbsVal::Str(Some(a)), AbsVal::Str(Some(b))) => {
+                    AbsVal::Str(Some(format!("{a}{b}").into()))
+                }
+                _ => AbsVal::Str(None),
+            })
+        }
         Prim::Add => binary(p, args, |a, b| Some(a.wrapping_add(b))),
+        Prim::Format => {
+            match &args[0] {
+                AbsVal::Str(Some(t)) => {
+                    let pieces = adjoint_runtime::kernels::text::parse_template(t)
+                        .map_err(|e| RuleError::Msg(format!("{op}: {e}")))?;
+                    let want = adjoint_runtime::kernels::text::placeholders(&pieces);
+                    if want != args.len() - 1 {
+                        return fail(format!(
+                            "{op}: the template has {want} placeholder{} but {} value{} given",
+                            if want == 1 { "" } else { "s" },
+                            args.len() - 1,
+                            if args.len() == 2 { " was" } else { "s were" }
+                        ));
+                    }
+                }
+                AbsVal::Str(None) => {}
+                v => return fail(format!("{op}: the template must be a string, got {v}")),
+            }
+            Ok(AbsVal::Str(None))
+        }
+        Prim::ParseInt | Prim::ParseFloat => match &args[0] {
+            AbsVal::Str(text) => {
+                let int = p == Prim::ParseInt;
+                // A string known now (a command-line argument) gives a
+                // known int, which may decide shapes.
+                if let (Some(t), true) = (text, int) {
+                    let v: i64 = t
+                        .trim()
+                        .parse()
+                        .map_err(|_| RuleError::Msg(format!("int: {t:?} is not an integer")))?;
+                    return Ok(AbsVal::int(v, false));
+                }
+                if let (Some(t), false) = (text, int) {
+                    t.trim()
+                        .parse::<f64>()
+                        .map_err(|_| RuleError::Msg(format!("float: {t:?} is not a number")))?;
+                }
+                let d = if int { DType::I64 } else { DType::F64 };
+                Ok(AbsVal::Tensor(AbsTensor::new(d, vec![], false)))
+            }
+            v => fail(format!(
+                "{op}: expected a string, got {v} (a tensor converts with {}(x))",
+                if p == Prim::ParseInt { "i64" } else { "f64" }
+            )),
+        },
         Prim::Sub => binary(p, args, |a, b| Some(a.wrapping_sub(b))),
         Prim::Mul => binary(p, args, |a, b| Some(a.wrapping_mul(b))),
         // Not folded where the kernel fails: division by zero, negative powers.
@@ -570,7 +624,7 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             io_token(op, &args[0])?;
             Ok(AbsVal::Io)
         }
-        Prim::LoadNpy | Prim::LoadSafetensors => {
+        Prim::LoadNpy | Prim::LoadCsv | Prim::LoadSafetensors => {
             // Without a loader, or for a path known only at run time, the
             // data's type is known only at run time.
             io_token(op, &args[0])?;
@@ -1765,7 +1819,8 @@ mod tests {
             "bool[2]"
         );
         assert_eq!(ty(Prim::Exp, &[AbsVal::int(2, true)]), "f64[]");
-        assert!(ty(Prim::Add, &[f32s(&[]), AbsVal::scalar(F64)]).contains("dtype mismatch"));
+        // Strong dtypes promote, as in JAX.
+        assert_eq!(ty(Prim::Add, &[f32s(&[]), AbsVal::scalar(F64)]), "f64[]");
     }
 
     #[test]

@@ -210,6 +210,8 @@ impl Lowerer<'_> {
             .flat_map(|s| s.iter().map(|(k, _)| k.clone()))
             .collect();
         candidates.extend(self.mods[module].fns.keys().cloned());
+        // The transforms are names too (`grd` is `grad`, not `pad`).
+        candidates.extend(DIFF_NAMES.iter().map(|s| s.to_string()));
         if let Some(p) = self.prelude {
             candidates.extend(self.mods[p].fns.keys().cloned());
         }

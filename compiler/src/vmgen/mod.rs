@@ -1007,7 +1007,10 @@ impl CodeBuilder<'_> {
         ex: &mut Tables,
     ) -> Result<(), ExecError> {
         let inputs = self.m.inputs(n);
-        if self.m.as_const(inputs[0]) != Some(&Const::Prim(Prim::LoadNpy)) {
+        if !matches!(
+            self.m.as_const(inputs[0]),
+            Some(&Const::Prim(Prim::LoadNpy | Prim::LoadCsv))
+        ) {
             return Ok(());
         }
         let path = self.operand(inputs[2], ex)?;

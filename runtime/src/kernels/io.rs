@@ -1,5 +1,5 @@
 //! IO kernels, ordered by the state token `Value::Io` passed first:
-//! `print load_npy save_npy save_safetensors load_safetensors`.
+//! `print load_npy load_csv save_npy save_safetensors load_safetensors`.
 //!
 //! Relative paths are relative to the working directory. Failures name the
 //! path: `cannot read "x.npy": no such file or directory`.
@@ -381,6 +381,62 @@ fn npy_tensor(path: &str, bytes: &[u8]) -> Result<Tensor, RtError> {
     let rev: Vec<usize> = shape.iter().rev().copied().collect();
     let t = Tensor::new(data, &rev).map_err(|e| read_err(path, e))?;
     transpose_tensor(&t, None)
+}
+
+/// The numbers of a CSV file, row-major, and its (rows, columns): rows of
+/// comma-separated numbers (spaces around them allowed); a first row that
+/// is not all numbers is a header and is skipped; blank lines are skipped.
+/// Every row must have as many values as the first.
+pub fn csv_table(path: &str, text: &str) -> Result<(Vec<f64>, usize, usize), String> {
+    let mut data = Vec::new();
+    let (mut rows, mut cols) = (0usize, 0usize);
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let parsed: Vec<Option<f64>> = cells.iter().map(|c| c.parse::<f64>().ok()).collect();
+        if rows == 0 && data.is_empty() && parsed.iter().any(Option::is_none) && cols == 0 {
+            // A header: its width is the table's.
+            cols = cells.len();
+            continue;
+        }
+        if let Some(k) = parsed.iter().position(Option::is_none) {
+            return Err(format!(
+                "\"{path}\" line {}: `{}` is not a number",
+                i + 1,
+                cells[k]
+            ));
+        }
+        if cols == 0 {
+            cols = cells.len();
+        } else if cells.len() != cols {
+            return Err(format!(
+                "\"{path}\" line {}: {} value{}, but the rows before have {cols}",
+                i + 1,
+                cells.len(),
+                if cells.len() == 1 { "" } else { "s" }
+            ));
+        }
+        data.extend(parsed.into_iter().flatten());
+        rows += 1;
+    }
+    Ok((data, rows, cols))
+}
+
+/// `load_csv(io, path)`: `(io, f64[rows, columns])`, see [`csv_table`].
+pub fn load_csv(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let op = "load_csv";
+    arity(op, args, 2)?;
+    io(op, &args[0])?;
+    let path = string(op, &args[1], "the path")?;
+    let bytes = read_file(path)?;
+    let text = String::from_utf8(bytes).map_err(|_| read_err(path, "it is not UTF-8 text"))?;
+    let (data, rows, cols) =
+        csv_table(path, &text).map_err(|e| RtError::new(format!("{op}: {e}")))?;
+    let t = Tensor::from_vec(data, &[rows, cols])?;
+    Ok(Value::tuple(vec![Value::Io, Value::Tensor(t)]))
 }
 
 /// `load_npy(io, path)`: `(io, tensor)`.

@@ -147,6 +147,12 @@ fn check_int_operands<T: Num>(op: &str, rhs: &[T], out_len: usize) -> Result<(),
 /// promotion rule (`add`, `lt`, `and`, ...).
 pub fn binary(op: &str, args: &[Value]) -> Result<Value, RtError> {
     arity(op, args, 2)?;
+    // `+` of two strings joins them.
+    if let [Value::Str(a), Value::Str(b)] = args {
+        if op == "add" {
+            return Ok(Value::str(format!("{a}{b}")));
+        }
+    }
     if let [Value::Tensor(a), Value::Tensor(b)] = args {
         if let Some(t) = scalar_binary(op, a, b) {
             return Ok(Value::Tensor(t));
@@ -574,12 +580,21 @@ mod tests {
             ),
             "add: shapes f32[3] and f32[4] cannot be broadcast"
         );
+        // Strong dtypes promote along bool < u8 < i32 < i64 < f32 < f64.
         assert_eq!(
-            call_err(
+            call(
                 "add",
-                &[v(Tensor::scalar_f32(1.0)), v(Tensor::scalar_f64(1.0))]
+                &[v(Tensor::scalar_f32(1.0)), v(Tensor::scalar_f64(1.5))]
             ),
-            "add: dtype mismatch f32 and f64; use a cast such as f32(x)"
+            v(Tensor::scalar_f64(2.5))
+        );
+        // An int tensor meeting a float literal is the default float, f32.
+        assert_eq!(
+            call(
+                "mul",
+                &[v(Tensor::vector(vec![1i64, 2])), v(Tensor::weak_f64(0.5))]
+            ),
+            v(Tensor::vector(vec![0.5f32, 1.0]))
         );
         // Both weak: int with float gives a weak f64.
         assert_eq!(

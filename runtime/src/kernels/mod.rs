@@ -21,6 +21,7 @@
 //! | gather | `take(x, idx, axis)`, `index(x, c0, c1, ..)`, `index_at(x, idx)` (`idx` a tuple of components) |
 //! | update | `index_set index_add index_mul index_min index_max` (x, idx, v) |
 //! | linear algebra | `matmul(a, b)`, `dot(a, b)`, `outer(a, b)` |
+//! | strings | `format(template, values..)`, `int(s)`, `float(s)`; `s + t` is `add` |
 //! | decompositions | `solve(a, b)`, `triangular_solve(a, b, lower)`, `det(a)`, `slogdet(a)`, `cholesky(a)`, `eigh(a)`, `qr(a)` (on `faer`) |
 //! | creation | `zeros(shape, dtype)`, `ones(shape, dtype)`, `full(shape, v, dtype)`, `zeros_like(x)`, `ones_like(x)`, `arange(n, dtype)`, `eye(n, dtype)`, `one_hot(labels, n, dtype)` |
 //! | random | `randn(shape, seed, dtype)`, `rand(shape, seed, dtype)`, `permutation(n, seed)` |
@@ -45,6 +46,7 @@ pub mod scan;
 pub mod shape;
 pub mod strided;
 pub mod structural;
+pub mod text;
 pub mod tree;
 
 pub use ctx::{Ctx, InplaceKernel, Kernel};
@@ -101,6 +103,10 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("cumsum", scan::cumsum),
     ("cumprod", scan::cumprod),
     ("argsort", scan::argsort),
+    // strings
+    ("format", text::format),
+    ("int", text::parse_int),
+    ("float", text::parse_float),
     // matrix decompositions
     ("solve", decomp::solve),
     ("triangular_solve", decomp::triangular_solve),
@@ -188,6 +194,7 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     // IO
     ("print", io::print),
     ("load_npy", io::load_npy),
+    ("load_csv", io::load_csv),
     ("save_npy", io::save_npy),
     ("save_safetensors", io::save_safetensors),
     ("load_safetensors", io::load_safetensors),

@@ -234,10 +234,12 @@ mod tests {
             call_err("tensor_literal", &[row(1, 2), v(Tensor::weak_i64(3))])
                 .contains("different shapes")
         );
-        assert!(call_err(
-            "tensor_literal",
-            &[v(Tensor::scalar_f32(1.0)), v(Tensor::scalar_f64(1.0))]
-        )
-        .contains("dtype mismatch"));
+        assert_eq!(
+            call(
+                "tensor_literal",
+                &[v(Tensor::scalar_f32(1.0)), v(Tensor::scalar_f64(2.0))]
+            ),
+            v(Tensor::vector(vec![1.0f64, 2.0]))
+        );
     }
 }
