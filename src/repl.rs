@@ -672,7 +672,14 @@ fn ends_in_operator(text: &str) -> bool {
         Some(i) if !last[..i].contains('"') => &last[..i],
         _ => last,
     };
-    let code = code.trim_end();
+    let mut code = code.trim_end();
+    // A block comment at the end (`f(x) /* .. */`) is not an operator.
+    while code.ends_with("*/") {
+        match code.rfind("/*") {
+            Some(i) => code = code[..i].trim_end(),
+            None => break,
+        }
+    }
     // `:grad f` and the other commands take no operators.
     if code.trim_start().starts_with(':') {
         return false;
@@ -917,6 +924,8 @@ mod tests {
         assert!(is_incomplete("f(1.0,"));
         assert!(!is_incomplete("let a = 1.0 + 2.0"));
         assert!(!is_incomplete("x // ends in a comment +"));
+        assert!(!is_incomplete("f(x) /* a comment */"));
+        assert!(is_incomplete("a * /* more */"));
         assert!(!is_incomplete("print(\"a+\")"));
     }
 
