@@ -110,9 +110,11 @@ def test_numpy_scalars_keep_their_dtype(m):
     assert m.dt(np.float64(1)) == "f64"
     assert m.dt(np.int64(1)) == "i64"
     assert m.dt(np.bool_(True)) == "bool"
-    # np.float64 is strongly typed: f32 + f64 is an error, unlike 0.5.
-    with pytest.raises(adjoint.AdjointError):
-        m.add(np.ones(3, dtype=np.float32), np.float64(0.5))
+    # np.float64 is strongly typed: f32 + f64 promotes to f64 (as in JAX),
+    # where the weak 0.5 keeps f32.
+    r = m.add(np.ones(3, dtype=np.float32), np.float64(0.5))
+    assert r.dtype == np.float64 and list(r) == [1.5, 1.5, 1.5]
+    assert m.add(np.ones(3, dtype=np.float32), 0.5).dtype == np.float32
     assert type(m.ident(np.float64(2.0))) is float
     assert type(m.ident(np.int64(2))) is int
 

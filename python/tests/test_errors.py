@@ -117,9 +117,9 @@ def test_every_adjoint_error_has_the_attributes():
 def test_program_errors_note_the_call_as_python_made_it():
     m = adjoint.loads("fn add(x, y) = x + y\nfn r(p) = p.w + p.b\n", name="n.adj")
     with pytest.raises(adjoint.AdjointError) as e:
-        m.add(np.ones(3, dtype=np.float32), np.ones(3))
+        m.add(np.ones(3, dtype=np.float32), np.ones(4))
     assert "n.adj:1:16" in str(e.value)
-    assert "called from Python as add(x: f32[3], y: f64[3])" in str(e.value)
+    assert "called from Python as add(x: f32[3], y: f64[4])" in str(e.value)
     with pytest.raises(adjoint.AdjointError) as e:
         m.r({"w": np.ones(2), "b": (np.ones(3), 1)})
     assert "r(p: {w: f64[2], b: (f64[3], i64[])})" in str(e.value)
