@@ -400,6 +400,41 @@ fn cases() -> Vec<Case> {
                 .e(format!("sum(triangular_solve(a, b, lower = {lower}) * w)")),
         );
     }
+    // vmap's primitives, through the functions that use them: a mapped
+    // argument, an unmapped one (its cotangent summed over the lanes), a
+    // value the mapped function captures, and a Jacobian differentiated.
+    v.push(
+        case("vmap_in", "mapped rows")
+            .x("a", rn("3, 2", 620))
+            .w("3, 2")
+            .e("sum(vmap(|r| sin(r) * r[0])(a) * w)"),
+    );
+    v.push(
+        case("vmap_out", "rows put back at axis 1")
+            .x("a", rn("3, 2", 621))
+            .w("2, 3")
+            .e("sum(vmap(|r| tanh(r) * sum(r), out_axes = 1)(a) * w)"),
+    );
+    v.push(
+        case("vmap_sum", "an unmapped argument")
+            .x("a", rn("2", 622))
+            .c("b", rn("3, 2", 623))
+            .w("3, 2")
+            .e("sum(vmap(|r, s| sin(r * s), in_axes = (0, None))(b, a) * w)"),
+    );
+    v.push(
+        case("vmap_fn", "a captured value")
+            .x("a", rn("2", 624))
+            .c("b", rn("3, 2", 625))
+            .w("3, 2")
+            .e("sum(vmap(|r| exp(r * a))(b) * w)"),
+    );
+    v.push(
+        case("jac_reshape", "a Jacobian")
+            .x("a", rn("3", 626))
+            .w("3, 3")
+            .e("sum(jacobian(|v| sin(v) * v[1])(a) * w)"),
+    );
     v.push(
         case("det", "stack of matrices")
             .x("a", wellcond("2, 3, 3", 608))

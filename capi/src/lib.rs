@@ -413,6 +413,9 @@ fn flatten(v: &Value, out: &mut Vec<Option<Tensor>>) -> Result<(), String> {
         Value::Io | Value::Env(_) => {
             return Err("internal error: an IO token or environment as a result".into())
         }
+        Value::Batched(_) | Value::Lanes(_) => {
+            return Err("a value mapped by `vmap` escaped its function".into())
+        }
     }
     Ok(())
 }

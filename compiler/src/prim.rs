@@ -17,6 +17,7 @@
 
 use std::fmt;
 
+use adjoint_runtime::batch::BatchRule;
 use adjoint_runtime::math::MathFn;
 
 /// What a primitive does, for passes that treat groups of primitives alike.
@@ -364,6 +365,20 @@ prims! {
     /// `ones_like(y)` for a float scalar `y`, else an error: the seed of a
     /// `grad` built at run time, where no type check ran.
     GradSeed = "grad_seed", Create, X, false, false;
+    // vmap (adjoint_runtime::batch): a mapped function's lanes. `vmap_in`
+    // makes axis `axis` of every leaf the lanes of `level` (`axis` `()`:
+    // not mapped), `vmap_out` puts them back at `axis`, `vmap_sum` sums a
+    // cotangent over them; `jac_basis` and `jac_reshape` lay out Jacobians.
+    VmapLevel = "vmap_level", Control, &[req("args")], false, false;
+    VmapSize = "vmap_size", Control, &[req("args"), req("axes")], false, false;
+    VmapIn = "vmap_in", Control, &[req("x"), req("axis"), req("level"), req("n")], false, true;
+    VmapOut = "vmap_out", Control, &[req("y"), req("axis"), req("level"), req("n")], false, true;
+    VmapSum = "vmap_sum", Control, &[req("d"), req("level"), req("n")], false, true;
+    // The mapped function itself (its value unchanged): the cotangents of
+    // the values it captures are summed over the lanes.
+    VmapFn = "vmap_fn", Control, &[req("f"), req("level"), req("n")], false, true;
+    JacBasis = "jac_basis", Create, &[req("y")], false, false;
+    JacReshape = "jac_reshape", Reindex, &[req("j"), req("y"), req("x")], false, true;
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;
     LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;
@@ -454,6 +469,41 @@ impl Prim {
     /// Looks a primitive up by its name.
     pub fn from_name(name: &str) -> Option<Prim> {
         Prim::all().iter().copied().find(|p| p.name() == name)
+    }
+    /// How the primitive runs on operands with lanes (`vmap`), from its
+    /// category: element-wise primitives broadcast lanes, reductions and
+    /// reindexing shift their axes past them, products and decompositions
+    /// take them as stack axes, structure passes them through untouched,
+    /// and the rest runs once per lane.
+    pub fn batch_rule(self) -> BatchRule {
+        use Prim::*;
+        match self {
+            Math(_) => BatchRule::Elementwise,
+            GAdd => BatchRule::GAdd,
+            GradFinalize => BatchRule::GradFinalize,
+            SumTo => BatchRule::SumTo,
+            Sum | Mean | Max | Min | Prod | Argmax | Cumsum | Cumprod | Argsort => {
+                BatchRule::Reduce
+            }
+            Matmul => BatchRule::Matmul,
+            Reshape => BatchRule::Reshape,
+            Transpose => BatchRule::Transpose,
+            BroadcastTo => BatchRule::BroadcastTo,
+            ExpandDims => BatchRule::ExpandDims,
+            Squeeze => BatchRule::Squeeze,
+            Concat | Stack => BatchRule::Join,
+            Take => BatchRule::Take,
+            ZerosLike | OnesLike | StopGradient => BatchRule::Like,
+            Shape | Size | DTypeOf => BatchRule::Query,
+            Det | Slogdet | Cholesky | Eigh | Qr => BatchRule::Stacked,
+            MakeTuple | TupleGet | TupleLen | MakeRecord | RecordGet | IsUnit | IsTuple | Fail
+            | Switch | TreeMap | Zero | IsZero | EnvSetitem | EnvGetitem | TupleGrad
+            | RecordGrad | AdLift | AdDyn | AdHide | AdKey | VmapLevel | VmapSize | VmapIn
+            | VmapOut | VmapSum | VmapFn => BatchRule::Opaque,
+            p if p.category() == Category::Io => BatchRule::Opaque,
+            p if p.category() == Category::Map => BatchRule::Elementwise,
+            _ => BatchRule::PerLane,
+        }
     }
     /// Whether IO primitives produce a `(io, value)` pair rather than a new
     /// state token alone.

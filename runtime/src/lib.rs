@@ -52,6 +52,7 @@
 //! # Ok::<(), RtError>(())
 //! ```
 
+pub mod batch;
 pub mod cuda;
 pub mod dtype;
 pub mod dynamic;

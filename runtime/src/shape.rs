@@ -1014,3 +1014,33 @@ pub fn qr(a: TensorTy) -> Result<(Vec<usize>, Vec<usize>), String> {
         )),
     }
 }
+
+/// The length of `vmap`'s mapped axes: `leaves` holds, for each mapped
+/// leaf, the index of its argument, its shape (one lane's) and the axis
+/// mapped. `None` when no leaf is mapped.
+pub fn mapped_len(leaves: &[(usize, &[usize], i64)]) -> Result<Option<usize>, String> {
+    let mut n: Option<(usize, usize)> = None;
+    for &(i, s, a) in leaves {
+        let r = s.len() as i64;
+        let p = if a < 0 { a + r } else { a };
+        if p < 0 || p >= r {
+            return Err(format!(
+                "vmap: in_axes {a} for argument {} of rank {r}",
+                i + 1
+            ));
+        }
+        let d = s[p as usize];
+        match n {
+            Some((m, j)) if m != d => {
+                return Err(format!(
+                    "vmap: mapped axes differ in length: {m} (argument {}) and {d} (argument {})",
+                    j + 1,
+                    i + 1
+                ))
+            }
+            Some(_) => {}
+            None => n = Some((d, i)),
+        }
+    }
+    Ok(n.map(|(d, _)| d))
+}

@@ -101,6 +101,11 @@ pub enum Value {
     /// Reverse mode's stack of backpropagators stored flat
     /// ([`crate::tape`]); it reads as the list `(top, rest)` it stands for.
     Tape(Tape),
+    /// A tensor with lanes, inside `vmap` ([`crate::batch`]).
+    Batched(Arc<crate::batch::Batched>),
+    /// Inside `vmap`, one value per lane where the lanes' values differ in
+    /// structure ([`crate::batch::Lanes`]).
+    Lanes(Arc<crate::batch::Lanes>),
 }
 
 impl Value {
@@ -174,6 +179,11 @@ impl Value {
             Value::Zero => "zero".into(),
             Value::Env(_) => "env".into(),
             Value::Tape(_) => "function stack".into(),
+            Value::Batched(b) => format!("{} (mapped)", b.type_string()),
+            Value::Lanes(l) => format!(
+                "{} (mapped, per lane)",
+                l.items.first().map_or("value".into(), |v| v.kind())
+            ),
         }
     }
 }
@@ -364,6 +374,14 @@ impl fmt::Display for Value {
             Value::Zero => write!(f, "zero"),
             Value::Env(_) => write!(f, "<env>"),
             Value::Tape(t) => write!(f, "<stack of {} functions>", t.len()),
+            Value::Batched(b) => write!(f, "<mapped {}: {}>", b.type_string(), b.t),
+            Value::Lanes(l) => {
+                write!(f, "<mapped:")?;
+                for v in &l.items {
+                    write!(f, " {v}")?;
+                }
+                write!(f, ">")
+            }
         }
     }
 }

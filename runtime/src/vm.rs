@@ -83,6 +83,9 @@ pub enum Instr {
         inplace: Option<InplaceKernel>,
         args: Vec<Operand>,
         loc: LocIndex,
+        /// What the primitive does with operands that have lanes
+        /// (`vmap`; [`crate::batch`]).
+        batch: crate::batch::BatchRule,
     },
     /// `dst = kernel(args..)` for compiled code.
     Native {
@@ -218,6 +221,12 @@ impl Program {
     fn code_any(&self, id: CodeId) -> Result<CodeRef<'_>, VmError> {
         if let Some(c) = self.codes.get(id.0 as usize) {
             return Ok(CodeRef::Static(c));
+        }
+        if id == crate::batch::SELECT_CODE {
+            return Ok(CodeRef::Dynamic(crate::batch::SELECT.clone()));
+        }
+        if id == crate::batch::LANES_CALL_CODE {
+            return Ok(CodeRef::Dynamic(crate::batch::LANES_CALL.clone()));
         }
         match self.dynamic.as_ref().and_then(|d| d.0.code(id)) {
             Some(c) => Ok(CodeRef::Dynamic(c)),
@@ -430,6 +439,16 @@ impl<'a> Vm<'a> {
         loc: Option<LocIndex>,
         slots: Vec<Option<Value>>,
     ) -> Result<Frame, VmError> {
+        if let Value::Lanes(_) = f {
+            // One function per lane: called lane by lane.
+            return self.frame_of(
+                crate::batch::LANES_CALL_CODE,
+                std::slice::from_ref(f),
+                ret_dst,
+                loc,
+                slots,
+            );
+        }
         let Value::Func(closure) = f else {
             return Err(VmError {
                 message: format!("cannot call a value of type {}", f.kind()),
@@ -451,6 +470,12 @@ impl<'a> Vm<'a> {
         mut slots: Vec<Option<Value>>,
     ) -> Result<Frame, VmError> {
         let code = self.program.code_any(code_id)?;
+        if code_id == crate::batch::SELECT_CODE || code_id == crate::batch::LANES_CALL_CODE {
+            // A branch on a condition with lanes takes any arguments: they
+            // reach it as one tuple.
+            let args: Vec<Value> = slots.drain(..).flatten().collect();
+            slots.push(Some(Value::tuple(args)));
+        }
         if code.extra_args && slots.len() > code.n_params as usize {
             slots.truncate(code.n_params as usize);
         }
@@ -521,19 +546,28 @@ impl<'a> Vm<'a> {
             match instr {
                 Instr::Prim {
                     dst,
+                    name,
                     kernel,
                     inplace,
                     args,
                     loc,
-                    ..
+                    batch,
                 } => {
                     let mut values = std::mem::take(&mut self.scratch);
                     values.extend(args.iter().map(|a| read(frame, code, *a)));
                     let dst = *dst;
                     let loc = *loc;
-                    let result = match inplace {
-                        Some(k) => k(self, &mut values),
-                        None => kernel(self, &values),
+                    let batched = crate::batch::active()
+                        && values.iter().any(crate::batch::has_batched)
+                        && (*batch != crate::batch::BatchRule::Opaque
+                            || values.iter().any(crate::batch::is_lanes));
+                    let result = if batched {
+                        crate::batch::apply(self, *batch, name, *kernel, &values)
+                    } else {
+                        match inplace {
+                            Some(k) => k(self, &mut values),
+                            None => kernel(self, &values),
+                        }
                     };
                     values.clear();
                     self.scratch = values;
@@ -560,7 +594,15 @@ impl<'a> Vm<'a> {
                 } => {
                     let values: Vec<Value> = args.iter().map(|a| read(frame, code, *a)).collect();
                     let (dst, loc) = (*dst, *loc);
-                    match kernel.call(values) {
+                    let result =
+                        if crate::batch::active() && values.iter().any(crate::batch::has_batched) {
+                            // Compiled for one lane: run once per lane.
+                            let k = kernel.clone();
+                            crate::batch::per_lane_deep(self, &mut |a| k.call(a), &values)
+                        } else {
+                            kernel.call(values)
+                        };
+                    match result {
                         Ok(v) => {
                             let frame = self.frames.last_mut().expect("frame");
                             frame.slots[dst as usize] = Some(v);
@@ -583,6 +625,24 @@ impl<'a> Vm<'a> {
                     loc,
                 } => {
                     let c = read(frame, code, *cond);
+                    if let Value::Batched(cb) = &c {
+                        let (va, vb) = (read(frame, code, *a), read(frame, code, *b));
+                        let (dst, loc) = (*dst, *loc);
+                        match crate::batch::switch_value(self, cb, va, vb) {
+                            Ok(v) => {
+                                let frame = self.frames.last_mut().expect("frame");
+                                frame.slots[dst as usize] = Some(v);
+                            }
+                            Err(e) => {
+                                return Err(self.pending.take().unwrap_or(VmError {
+                                    message: e.to_string(),
+                                    loc: Some(loc),
+                                    trace: Vec::new(),
+                                }))
+                            }
+                        }
+                        continue;
+                    }
                     let take = match c.as_tensor().and_then(|t| t.to_bool_scalar()) {
                         Some(v) => v,
                         None => {
@@ -661,12 +721,20 @@ impl<'a> Vm<'a> {
                             .expect("the tape is not empty")?,
                         _ => {
                             let zero = Value::Tensor(crate::tensor::Tensor::weak_i64(0));
-                            let first = crate::kernels::structural::tuple_get(self, &[s, zero])
-                                .map_err(|e| VmError {
-                                    message: e.to_string(),
-                                    loc: Some(loc),
-                                    trace: Vec::new(),
-                                })?;
+                            let first = if crate::batch::is_lanes(&s) {
+                                crate::batch::per_lane(
+                                    self,
+                                    &mut |ctx, a| crate::kernels::structural::tuple_get(ctx, &a),
+                                    &[s, zero],
+                                )
+                            } else {
+                                crate::kernels::structural::tuple_get(self, &[s, zero])
+                            }
+                            .map_err(|e| VmError {
+                                message: e.to_string(),
+                                loc: Some(loc),
+                                trace: Vec::new(),
+                            })?;
                             self.make_frame(&first, Some(dst), Some(loc), slots)?
                         }
                     };

@@ -337,7 +337,7 @@ impl AbsVal {
             Value::Io => AbsVal::Io,
             Value::Func(_) | Value::Tape(_) => return None,
             // Values made by differentiation have no static type of their own.
-            Value::Zero | Value::Env(_) => AbsVal::Unknown,
+            Value::Zero | Value::Env(_) | Value::Batched(_) | Value::Lanes(_) => AbsVal::Unknown,
         })
     }
 

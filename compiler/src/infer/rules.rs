@@ -495,6 +495,72 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             Ok(AbsVal::Tensor(AbsTensor::new(d, Vec::new(), w)))
         }
         Prim::StopGradient => Ok(args[0].clone()),
+        // vmap: the mapped function sees one lane.
+        Prim::VmapLevel => Ok(AbsVal::scalar(DType::I64)),
+        Prim::VmapSize => Ok(vmap_size(op, &args[0], &args[1])?),
+        Prim::VmapIn => {
+            if args[1].is_unit() {
+                return Ok(args[0].clone());
+            }
+            let a = known_int(op, "in_axes", &args[1])?;
+            map_tensors(&args[0], &mut |x| {
+                let r = x.shape.len() as i64;
+                let p = if a < 0 { a + r } else { a };
+                if p < 0 || p >= r {
+                    return fail(format!("vmap: in_axes {a} for an argument of rank {r}"));
+                }
+                let mut shape = x.shape.clone();
+                shape.remove(p as usize);
+                Ok(like(x, shape, None))
+            })
+        }
+        Prim::VmapOut => {
+            if args[1].is_unit() {
+                return Ok(args[0].clone());
+            }
+            let a = known_int(op, "out_axes", &args[1])?;
+            let Some(n) = args[3].as_tensor().and_then(|t| t.scalar_value()) else {
+                return Ok(AbsVal::Unknown);
+            };
+            map_tensors(&args[0], &mut |y| {
+                let r = y.shape.len() as i64;
+                let q = if a < 0 { a + r + 1 } else { a };
+                if q < 0 || q > r {
+                    return fail(format!("vmap: out_axes {a} for a result of rank {r}"));
+                }
+                let mut shape = y.shape.clone();
+                shape.insert(q as usize, n as usize);
+                Ok(like(y, shape, None))
+            })
+        }
+        Prim::VmapSum | Prim::VmapFn => Ok(args[0].clone()),
+        Prim::JacBasis => {
+            let y = tensor(op, &args[0])?;
+            let m = y.shape.iter().product::<usize>();
+            let mut shape = vec![m];
+            shape.extend_from_slice(&y.shape);
+            let d = if y.dtype.is_float() {
+                y.dtype
+            } else {
+                DType::F32
+            };
+            Ok(AbsVal::Tensor(AbsTensor::new(d, shape, false)))
+        }
+        Prim::JacReshape => {
+            let j = tensor(op, &args[0])?;
+            let (y, x) = (tensor(op, &args[1])?, tensor(op, &args[2])?);
+            let mut shape = y.shape.clone();
+            shape.extend_from_slice(&x.shape);
+            if shape.iter().product::<usize>() != j.shape.iter().product::<usize>() {
+                return fail(format!(
+                    "jacobian: {} rows do not fit {:?} and {:?}",
+                    j.ty(),
+                    y.shape,
+                    x.shape
+                ));
+            }
+            Ok(like(j, shape, None))
+        }
         Prim::MatrixT => {
             let x = tensor(op, &args[0])?;
             let shape = shape::matrix_t(x.ty())?;
@@ -810,6 +876,64 @@ fn tensor<'v>(op: &str, v: &'v AbsVal) -> Result<&'v AbsTensor, RuleError> {
 }
 
 /// A tensor like `x` (dtype, weak flag) with another shape and value.
+/// `f` applied to every tensor leaf of tuples and records.
+fn map_tensors(v: &AbsVal, f: &mut dyn FnMut(&AbsTensor) -> Rule) -> Rule {
+    match v {
+        AbsVal::Tensor(t) => f(t),
+        AbsVal::Tuple(items) => Ok(AbsVal::Tuple(
+            items
+                .iter()
+                .map(|x| map_tensors(x, f))
+                .collect::<Result<_, _>>()?,
+        )),
+        AbsVal::Record(fields) => Ok(AbsVal::Record(
+            fields
+                .iter()
+                .map(|(n, x)| Ok((n.clone(), map_tensors(x, f)?)))
+                .collect::<Result<_, RuleError>>()?,
+        )),
+        AbsVal::Zero | AbsVal::Unknown | AbsVal::Bottom => Ok(v.clone()),
+        other => fail(format!("vmap: cannot map over {other}")),
+    }
+}
+
+fn abs_leaves<'a>(v: &'a AbsVal, out: &mut Vec<&'a AbsVal>) {
+    match v {
+        AbsVal::Tuple(items) => items.iter().for_each(|x| abs_leaves(x, out)),
+        AbsVal::Record(fields) => fields.iter().for_each(|(_, x)| abs_leaves(x, out)),
+        other => out.push(other),
+    }
+}
+
+/// The length of the mapped axes of `vmap`'s arguments, known when their
+/// shapes are.
+fn vmap_size(op: &str, xs: &AbsVal, axes: &AbsVal) -> Rule {
+    let (AbsVal::Tuple(xs), AbsVal::Tuple(axes)) = (xs, axes) else {
+        return Ok(AbsVal::scalar(DType::I64));
+    };
+    let mut mapped = Vec::new();
+    for (i, (x, ax)) in xs.iter().zip(axes).enumerate() {
+        if ax.is_unit() {
+            continue;
+        }
+        let a = known_int(op, "in_axes", ax)?;
+        let mut leaves = Vec::new();
+        abs_leaves(x, &mut leaves);
+        for leaf in leaves {
+            let AbsVal::Tensor(t) = leaf else {
+                return Ok(AbsVal::scalar(DType::I64));
+            };
+            mapped.push((i, t.shape.as_slice(), a));
+        }
+    }
+    match shape::mapped_len(&mapped)? {
+        Some(d) => Ok(AbsVal::Tensor(
+            AbsTensor::new(DType::I64, Vec::new(), false).with_value(vec![d as i64]),
+        )),
+        None => fail("vmap: no argument is mapped (every in_axes is None)"),
+    }
+}
+
 fn like(x: &AbsTensor, shape: Vec<usize>, value: Option<Arc<[i64]>>) -> AbsVal {
     let mut t = AbsTensor::new(x.dtype, shape, x.weak);
     t.value = value;

@@ -192,7 +192,7 @@ impl Lowerer<'_> {
                 span,
             ));
         }
-        if DIFF_NAMES.contains(&n) {
+        if DIFF_NAMES.contains(&n) || vmap::VMAP_NAMES.contains(&n) {
             return Err(Diagnostic::error(
                 format!("`{n}` must be called with the function to differentiate, as in `{n}(f)`"),
                 span,
@@ -212,6 +212,7 @@ impl Lowerer<'_> {
         candidates.extend(self.mods[module].fns.keys().cloned());
         // The transforms are names too (`grd` is `grad`, not `pad`).
         candidates.extend(DIFF_NAMES.iter().map(|s| s.to_string()));
+        candidates.extend(vmap::VMAP_NAMES.iter().map(|s| s.to_string()));
         if let Some(p) = self.prelude {
             candidates.extend(self.mods[p].fns.keys().cloned());
         }
@@ -386,6 +387,9 @@ impl Lowerer<'_> {
                     }
                     if DIFF_NAMES.contains(&n.as_str()) {
                         return self.lower_diff(module, cx, n, args, span);
+                    }
+                    if vmap::VMAP_NAMES.contains(&n.as_str()) {
+                        return self.lower_vmap(module, cx, n, args, span);
                     }
                     if n == "einsum" {
                         return self.lower_einsum(module, cx, args, span);

@@ -18,6 +18,7 @@ mod expr;
 mod modules;
 mod scan;
 mod stmt;
+mod vmap;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -21,6 +21,7 @@
 
 mod moves;
 
+use adjoint_runtime::batch::BatchRule;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -143,6 +144,15 @@ pub(crate) fn dynamic_ad_ops(m: &Module, graphs: &[GraphId]) -> Vec<bool> {
         .collect()
 }
 
+/// Whether `graphs` map functions over lanes (`vmap`).
+pub(crate) fn uses_vmap(m: &Module, graphs: &[GraphId]) -> bool {
+    let graphs: HashSet<GraphId> = graphs.iter().copied().collect();
+    (0..m.nodes.len())
+        .map(|i| NodeId(i as u32))
+        .filter(|n| m.node(*n).graph.is_some_and(|g| graphs.contains(&g)))
+        .any(|n| m.applied_prim(n) == Some(Prim::VmapLevel))
+}
+
 fn compile_graphs(
     m: &Module,
     roots: &[GraphId],
@@ -155,6 +165,10 @@ fn compile_graphs(
     let bodies: Vec<Vec<NodeId>> = graphs.iter().map(|g| graph_body_with(m, *g, &fv)).collect();
     // The hook that differentiates function values reads closures'
     // captures: no lifting for programs that use it.
+    // Nor for programs that use `vmap`: a branch taken by some lanes only
+    // is called with its captures cut down to those lanes, so branches
+    // must stay closures of no arguments, and stacks plain values.
+    let lift = lift && !uses_vmap(m, &graphs);
     let lifted = if lift && dynamic_ad_ops(m, &graphs).is_empty() {
         lifted_graphs(m, &graphs, &bodies, roots, &fv, plan)
     } else {
@@ -711,6 +725,7 @@ impl CodeBuilder<'_> {
             inplace: None,
             args: vec![Operand::Slot(slot), idx],
             loc,
+            batch: BatchRule::Opaque,
         });
         d
     }
@@ -947,6 +962,7 @@ impl CodeBuilder<'_> {
                     inplace: kernels::lookup_inplace(p.name()),
                     args: operands(self, ex)?,
                     loc,
+                    batch: p.batch_rule(),
                 }
             }
             _ => {
@@ -992,6 +1008,7 @@ impl CodeBuilder<'_> {
             inplace: None,
             args: tape_args,
             loc,
+            batch: BatchRule::Opaque,
         });
         *args.last_mut().expect("the stack") = Operand::Slot(tape);
     }

@@ -90,6 +90,7 @@ mod tests {
             inplace: None,
             args,
             loc: 0,
+            batch: adjoint_runtime::batch::BatchRule::Elementwise,
         }
     }
 

@@ -65,10 +65,26 @@ pub fn gadd(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 
 /// The sum of two cotangents (see [`gadd`]).
 pub fn add_values(a: &Value, b: &Value) -> Result<Value, RtError> {
+    add_values_with(a, b, &mut |a, b| match (a, b) {
+        (Value::Tensor(x), Value::Tensor(y)) => add_tensors(x, y).map(Value::Tensor),
+        _ => err(format!("gadd: cannot add {} and {}", a.kind(), b.kind())),
+    })
+}
+
+/// The sum of two cotangents, structures matched here and the rest (two
+/// tensors, say) added by `leaf`.
+pub fn add_values_with(
+    a: &Value,
+    b: &Value,
+    leaf: &mut dyn FnMut(&Value, &Value) -> Result<Value, RtError>,
+) -> Result<Value, RtError> {
     let op = "gadd";
+    let add_values =
+        |p: &Value, q: &Value, leaf: &mut dyn FnMut(&Value, &Value) -> Result<Value, RtError>| {
+            add_values_with(p, q, leaf)
+        };
     match (a, b) {
         (Value::Zero, x) | (x, Value::Zero) => Ok(x.clone()),
-        (Value::Tensor(x), Value::Tensor(y)) => add_tensors(x, y).map(Value::Tensor),
         (Value::Tuple(x), Value::Tuple(y)) => {
             if x.len() != y.len() {
                 return err(format!(
@@ -80,7 +96,7 @@ pub fn add_values(a: &Value, b: &Value) -> Result<Value, RtError> {
             let items = x
                 .iter()
                 .zip(y.iter())
-                .map(|(p, q)| add_values(p, q))
+                .map(|(p, q)| add_values(p, q, leaf))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(Value::tuple(items))
         }
@@ -105,7 +121,7 @@ pub fn add_values(a: &Value, b: &Value) -> Result<Value, RtError> {
                         names(y)
                     ));
                 };
-                fields.push((n.clone(), add_values(p, q)?));
+                fields.push((n.clone(), add_values(p, q, leaf)?));
             }
             Ok(Value::Record(Arc::new(Record::new(fields))))
         }
@@ -122,7 +138,7 @@ pub fn add_values(a: &Value, b: &Value) -> Result<Value, RtError> {
                     out.push((*ky, vy.clone()));
                     j += 1;
                 } else {
-                    out.push((*kx, add_values(vx, vy)?));
+                    out.push((*kx, add_values(vx, vy, leaf)?));
                     i += 1;
                     j += 1;
                 }
@@ -131,7 +147,7 @@ pub fn add_values(a: &Value, b: &Value) -> Result<Value, RtError> {
             out.extend(y[j..].iter().cloned());
             Ok(Value::Env(Arc::new(out)))
         }
-        _ => err(format!("{op}: cannot add {} and {}", a.kind(), b.kind())),
+        _ => leaf(a, b),
     }
 }
 
@@ -309,7 +325,7 @@ pub fn sum_to(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
 }
 
 /// `x` summed down to `out`, which broadcasts to `x`'s shape.
-fn sum_to_shape(x: &Tensor, out: &[usize]) -> Result<Tensor, RtError> {
+pub(crate) fn sum_to_shape(x: &Tensor, out: &[usize]) -> Result<Tensor, RtError> {
     let n = shape::size(out);
     let st = broadcast_strides(out, x.shape());
     let xs = x.shape();

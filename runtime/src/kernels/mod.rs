@@ -165,6 +165,15 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("ad_hide", ad::ad_hide),
     ("ad_key", ad::ad_key),
     ("grad_seed", create::grad_seed),
+    // vmap (crate::batch)
+    ("vmap_level", crate::batch::vmap_level),
+    ("vmap_size", crate::batch::vmap_size),
+    ("vmap_in", crate::batch::vmap_in),
+    ("vmap_out", crate::batch::vmap_out),
+    ("vmap_sum", crate::batch::vmap_sum),
+    ("vmap_fn", crate::batch::vmap_fn),
+    ("jac_basis", crate::batch::jac_basis),
+    ("jac_reshape", crate::batch::jac_reshape),
     // structure
     ("make_tuple", structural::make_tuple),
     ("tuple_get", structural::tuple_get),
