@@ -366,6 +366,26 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
             }
         }
     }
+    // vmap over three points equals the function and its gradient at each
+    for (k, (fl, gl)) in [("f", "grad"), ("fd1p", "gfd1p"), ("fd1m", "gfd1m")].iter().enumerate() {
+        for (mapped, single) in [(format!("vmap{k}"), fl), (format!("vgrad{k}"), gl)] {
+            let (Some(a), Some(b)) = (get(lines, &mapped), get(lines, single)) else {
+                continue;
+            };
+            let (a, b) = (a.flat(), b.flat());
+            let sc = 1f64.max(inf_norm(&b));
+            let same = a.len() == b.len()
+                && a.iter().zip(&b).all(|(x, y)| {
+                    (x.is_nan() && y.is_nan()) || x == y || close(*x, *y, 1e-9, 1e-9 * sc)
+                });
+            if !same {
+                fail(
+                    "vmap differs from the function at each point",
+                    format!("{mapped} = {a:?}\n  {single} = {b:?}"),
+                );
+            }
+        }
+    }
     // vjp's primal equals f
     if let (Some(fx), Some(y)) = (fx, scalar("vjp_y")) {
         if !close(fx, y, 1e-12, 1e-12) {

@@ -1985,6 +1985,24 @@ impl Gen {
                 ));
             }
         }
+        // vmap over three points (x and the h = 1e-3 finite-difference
+        // points), against the same function at each point.
+        let rows: Vec<String> = (0..n_float)
+            .map(|i| {
+                let pts: Vec<String> = [1.0, -1.0]
+                    .iter()
+                    .map(|sign| xs[i].axpy(sign * hs[1], &vs[i]).lit())
+                    .collect();
+                format!("tree_map(|a, b, c| stack((a, b, c)), x{i}, {}, {})", pts[0], pts[1])
+            })
+            .collect();
+        let lam = |callee: &str| format!("|{}| {callee}({})", pnames.join(", "), all_args(&pnames));
+        main.push(format!("    let vf = vmap({})({});", lam("f"), rows.join(", ")));
+        main.push(format!("    let vg = vmap({})({});", lam("df"), rows.join(", ")));
+        for k in 0..3 {
+            main.push(format!("    print(\"vmap{k}\", vf[{k}]);"));
+            main.push(format!("    print(\"vgrad{k}\", tree_map(|t| t[{k}], vg));"));
+        }
         main.push("}".into());
 
         let uses_sg = helper_lines
