@@ -367,7 +367,10 @@ fn oracles(lines: &Lines, meta: &Meta, cfg: usize) -> (Vec<Failure>, bool, bool)
         }
     }
     // vmap over three points equals the function and its gradient at each
-    for (k, (fl, gl)) in [("f", "grad"), ("fd1p", "gfd1p"), ("fd1m", "gfd1m")].iter().enumerate() {
+    for (k, (fl, gl)) in [("f", "grad"), ("fd1p", "gfd1p"), ("fd1m", "gfd1m")]
+        .iter()
+        .enumerate()
+    {
         for (mapped, single) in [(format!("vmap{k}"), fl), (format!("vgrad{k}"), gl)] {
             let (Some(a), Some(b)) = (get(lines, &mapped), get(lines, single)) else {
                 continue;

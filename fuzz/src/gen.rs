@@ -1993,15 +1993,28 @@ impl Gen {
                     .iter()
                     .map(|sign| xs[i].axpy(sign * hs[1], &vs[i]).lit())
                     .collect();
-                format!("tree_map(|a, b, c| stack((a, b, c)), x{i}, {}, {})", pts[0], pts[1])
+                format!(
+                    "tree_map(|a, b, c| stack((a, b, c)), x{i}, {}, {})",
+                    pts[0], pts[1]
+                )
             })
             .collect();
         let lam = |callee: &str| format!("|{}| {callee}({})", pnames.join(", "), all_args(&pnames));
-        main.push(format!("    let vf = vmap({})({});", lam("f"), rows.join(", ")));
-        main.push(format!("    let vg = vmap({})({});", lam("df"), rows.join(", ")));
+        main.push(format!(
+            "    let vf = vmap({})({});",
+            lam("f"),
+            rows.join(", ")
+        ));
+        main.push(format!(
+            "    let vg = vmap({})({});",
+            lam("df"),
+            rows.join(", ")
+        ));
         for k in 0..3 {
             main.push(format!("    print(\"vmap{k}\", vf[{k}]);"));
-            main.push(format!("    print(\"vgrad{k}\", tree_map(|t| t[{k}], vg));"));
+            main.push(format!(
+                "    print(\"vgrad{k}\", tree_map(|t| t[{k}], vg));"
+            ));
         }
         main.push("}".into());
 

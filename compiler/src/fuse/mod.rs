@@ -34,6 +34,7 @@
 
 pub mod epilogue;
 pub mod form;
+mod lanes;
 pub mod matmul;
 pub mod order;
 mod reverse;
@@ -395,12 +396,39 @@ pub fn plan(
     }
 
     let mut plan = Plan::default();
+    // Values with lanes (vmap) run as batched primitives, not as kernels
+    // compiled for one lane.
+    let (lane_nodes, lane_graphs) = lanes::lane_nodes(m, &graphs, &bodies);
+    let loop_graphs: Vec<GraphId> = graphs
+        .iter()
+        .copied()
+        .filter(|g| !lane_graphs.contains(g))
+        .collect();
     if let (Some(types), true) = (types, opts.scalar_jit) {
-        reverse::reverse_groups(m, &graphs, types, &fv, &users, &escapes, &mut plan, opts);
-        regions::scalar_groups(m, &graphs, types, &fv, &mut plan);
+        reverse::reverse_groups(
+            m,
+            &loop_graphs,
+            types,
+            &fv,
+            &users,
+            &escapes,
+            &mut plan,
+            opts,
+        );
+        regions::scalar_groups(m, &loop_graphs, types, &fv, &mut plan);
     }
     for g in &graphs {
-        let body = &bodies[g];
+        let kept: Vec<NodeId>;
+        let body = if lane_graphs.contains(g) {
+            kept = bodies[g]
+                .iter()
+                .copied()
+                .filter(|n| !lane_nodes.contains(n))
+                .collect();
+            &kept
+        } else {
+            &bodies[g]
+        };
         // Inference's types of an escaped graph hold only for the calls it
         // saw: a kernel compiled for their shapes could be given others.
         if let Some(types) = types.filter(|t| t.holds_for_every_call(*g)) {
