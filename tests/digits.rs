@@ -25,7 +25,7 @@ impl Dir {
         for f in ["digits_images.npy", "digits_labels.npy"] {
             std::fs::copy(root.join("examples/data").join(f), data.join(f)).expect("copy the data");
         }
-        for f in ["digits_mlp.adj", "digits_eval.adj"] {
+        for f in ["digits_mlp.adj", "digits_eval.adj", "per_example_grads.adj"] {
             std::fs::copy(root.join("examples").join(f), p.join("examples").join(f))
                 .expect("copy the example");
         }
@@ -195,4 +195,26 @@ fn which(name: &str) -> Result<PathBuf, ()> {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
         .ok_or(())
+}
+
+/// `examples/per_example_grads.adj`: per-example gradients by
+/// `vmap(grad(..))` average to the batch gradient, and clipped
+/// per-example training (DP-SGD's recipe) learns the digits, in both
+/// modes.
+#[test]
+fn per_example_gradients_train_the_digits() {
+    let dir = Dir::new("per-example");
+    for mode in ["graph", "eager"] {
+        let out = adjoint(&dir, &["run", "examples/per_example_grads.adj", "--mode", mode]);
+        assert!(
+            out.starts_with("per-example gradients: (64, 64, 128) their mean is the batch gradient: true\n"),
+            "{mode}: {out}"
+        );
+        let acc = |what: &str| -> f64 {
+            let line = out.lines().find(|l| l.starts_with(what)).expect(what);
+            line[what.len()..].trim().parse().expect("a number")
+        };
+        assert!(acc("test accuracy:") > 0.8, "{mode}: {out}");
+        assert!(acc("train accuracy:") > 0.9, "{mode}: {out}");
+    }
 }
