@@ -205,9 +205,14 @@ fn which(name: &str) -> Result<PathBuf, ()> {
 fn per_example_gradients_train_the_digits() {
     let dir = Dir::new("per-example");
     for mode in ["graph", "eager"] {
-        let out = adjoint(&dir, &["run", "examples/per_example_grads.adj", "--mode", mode]);
+        let out = adjoint(
+            &dir,
+            &["run", "examples/per_example_grads.adj", "--mode", mode],
+        );
         assert!(
-            out.starts_with("per-example gradients: (64, 64, 128) their mean is the batch gradient: true\n"),
+            out.starts_with(
+                "per-example gradients: (64, 64, 128) their mean is the batch gradient: true\n"
+            ),
             "{mode}: {out}"
         );
         let acc = |what: &str| -> f64 {

@@ -25,49 +25,17 @@
 //! an iteration it would not run alone.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use crate::error::RtError;
+use crate::kernels::ctx::{Ctx, Kernel};
 use crate::kernels::strided::broadcast_tensor;
-use crate::kernels::{ad, args as kargs, index, map, reduce, shape as kshape, Ctx, Kernel};
+use crate::kernels::{ad, args as kargs, index, map, reduce, shape as kshape};
 use crate::tensor::{DType, Tensor};
 use crate::value::CodeId;
 use crate::value::{Closure, Record, Value};
-use crate::vm::{Code, Instr, Operand};
 
-/// A value with lanes: `t`'s first `levels.len()` axes are the lanes of
-/// those levels (ascending), the rest its logical shape.
-#[derive(Clone, Debug)]
-pub struct Batched {
-    pub levels: Vec<u32>,
-    pub t: Tensor,
-}
-
-impl Batched {
-    /// The lane counts, one per level.
-    pub fn lanes(&self) -> &[usize] {
-        &self.t.shape()[..self.levels.len()]
-    }
-    /// The shape one lane sees.
-    pub fn logical(&self) -> &[usize] {
-        &self.t.shape()[self.levels.len()..]
-    }
-    /// The type one lane sees, for messages.
-    pub fn type_string(&self) -> String {
-        let dims: Vec<String> = self.logical().iter().map(|d| d.to_string()).collect();
-        format!("{}[{}]", self.t.dtype(), dims.join(", "))
-    }
-}
-
-/// The values of the lanes of `level` one by one, where they cannot be
-/// stacked: their structures differ (a list of reverse mode's
-/// backpropagators one element longer in one lane, say). Every operation
-/// on it runs once per lane.
-#[derive(Clone, Debug)]
-pub struct Lanes {
-    pub level: u32,
-    pub items: Vec<Value>,
-}
+pub use crate::value::{Batched, Lanes};
 
 /// How a primitive treats operands with lanes (chosen by the compiler from
 /// its primitive table).
@@ -1092,30 +1060,8 @@ fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
 /// function values.
 pub const LANES_CALL_CODE: CodeId = CodeId(u32::MAX - 2);
 
-/// The code object behind [`LANES_CALL_CODE`].
-pub static LANES_CALL: LazyLock<Arc<Code>> = LazyLock::new(|| {
-    Arc::new(Code {
-        name: "call (per lane)".into(),
-        n_params: 1,
-        n_captures: 1,
-        n_slots: 3,
-        consts: Vec::new(),
-        instrs: vec![Instr::Prim {
-            dst: 2,
-            name: "call",
-            kernel: lanes_value_call,
-            inplace: None,
-            args: vec![Operand::Slot(1), Operand::Slot(0)],
-            loc: 0,
-            batch: BatchRule::Opaque,
-        }],
-        ret: Operand::Slot(2),
-        extra_args: false,
-    })
-});
-
 /// Calls each lane's function with that lane's arguments.
-fn lanes_value_call(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+pub fn lanes_value_call(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let [Value::Lanes(f), Value::Tuple(call_args)] = args else {
         return err("internal error: a per-lane call takes the functions and a tuple");
     };
@@ -1130,36 +1076,9 @@ fn lanes_value_call(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError>
     stack_lanes(ctx, &outs, f.level)
 }
 
-/// The code id of the function [`switch_value`] makes.
+/// The code id of the function [`switch_value`] makes (its code object,
+/// which calls [`select_call`], is the VM's).
 pub const SELECT_CODE: CodeId = CodeId(u32::MAX - 1);
-
-/// The code object behind [`SELECT_CODE`]: it captures the condition and
-/// the two branches, and calls [`select_call`].
-pub static SELECT: LazyLock<Arc<Code>> = LazyLock::new(|| {
-    Arc::new(Code {
-        name: "if (batched)".into(),
-        n_params: 1,
-        n_captures: 3,
-        n_slots: 5,
-        consts: Vec::new(),
-        instrs: vec![Instr::Prim {
-            dst: 4,
-            name: "switch",
-            kernel: select_call,
-            inplace: None,
-            args: vec![
-                Operand::Slot(1),
-                Operand::Slot(2),
-                Operand::Slot(3),
-                Operand::Slot(0),
-            ],
-            loc: 0,
-            batch: BatchRule::Opaque,
-        }],
-        ret: Operand::Slot(4),
-        extra_args: false,
-    })
-});
 
 /// The lanes of a 0-d bool condition with one level, as bools.
 fn mask_of(c: &Batched) -> Option<Vec<bool>> {
@@ -1227,7 +1146,7 @@ fn select_values(ctx: &mut dyn Ctx, c: &Value, a: &Value, b: &Value) -> Result<V
 
 /// The kernel of [`SELECT`]: runs branch `a` on the lanes where `c` holds
 /// and `b` on the others, each cut down to its lanes, and merges.
-fn select_call(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+pub fn select_call(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let [c, a, b, call_args] = args else {
         return err("internal error: a batched if takes four values");
     };

@@ -102,10 +102,10 @@ pub enum Value {
     /// ([`crate::tape`]); it reads as the list `(top, rest)` it stands for.
     Tape(Tape),
     /// A tensor with lanes, inside `vmap` ([`crate::batch`]).
-    Batched(Arc<crate::batch::Batched>),
+    Batched(Arc<Batched>),
     /// Inside `vmap`, one value per lane where the lanes' values differ in
-    /// structure ([`crate::batch::Lanes`]).
-    Lanes(Arc<crate::batch::Lanes>),
+    /// structure ([`Lanes`]).
+    Lanes(Arc<Lanes>),
 }
 
 impl Value {
@@ -582,4 +582,38 @@ impl Tape {
     pub fn same(&self, other: &Tape) -> bool {
         Arc::ptr_eq(&self.buf, &other.buf) && self.len == other.len
     }
+}
+
+/// A value with lanes (`vmap`, [`crate::batch`]): `t`'s first `levels.len()` axes are the lanes of
+/// those levels (ascending), the rest its logical shape.
+#[derive(Clone, Debug)]
+pub struct Batched {
+    pub levels: Vec<u32>,
+    pub t: Tensor,
+}
+
+impl Batched {
+    /// The lane counts, one per level.
+    pub fn lanes(&self) -> &[usize] {
+        &self.t.shape()[..self.levels.len()]
+    }
+    /// The shape one lane sees.
+    pub fn logical(&self) -> &[usize] {
+        &self.t.shape()[self.levels.len()..]
+    }
+    /// The type one lane sees, for messages.
+    pub fn type_string(&self) -> String {
+        let dims: Vec<String> = self.logical().iter().map(|d| d.to_string()).collect();
+        format!("{}[{}]", self.t.dtype(), dims.join(", "))
+    }
+}
+
+/// The values of the lanes of `level` one by one, where they cannot be
+/// stacked: their structures differ (a list of reverse mode's
+/// backpropagators one element longer in one lane, say). Every operation
+/// on it runs once per lane.
+#[derive(Clone, Debug)]
+pub struct Lanes {
+    pub level: u32,
+    pub items: Vec<Value>,
 }

@@ -223,10 +223,10 @@ impl Program {
             return Ok(CodeRef::Static(c));
         }
         if id == crate::batch::SELECT_CODE {
-            return Ok(CodeRef::Dynamic(crate::batch::SELECT.clone()));
+            return Ok(CodeRef::Dynamic(SELECT.clone()));
         }
         if id == crate::batch::LANES_CALL_CODE {
-            return Ok(CodeRef::Dynamic(crate::batch::LANES_CALL.clone()));
+            return Ok(CodeRef::Dynamic(LANES_CALL.clone()));
         }
         match self.dynamic.as_ref().and_then(|d| d.0.code(id)) {
             Some(c) => Ok(CodeRef::Dynamic(c)),
@@ -820,3 +820,53 @@ impl Ctx for Vm<'_> {
         }
     }
 }
+
+/// The code object behind [`crate::batch::SELECT_CODE`]: it captures the condition and
+/// the two branches, and calls [`crate::batch::select_call`].
+static SELECT: std::sync::LazyLock<Arc<Code>> = std::sync::LazyLock::new(|| {
+    Arc::new(Code {
+        name: "if (batched)".into(),
+        n_params: 1,
+        n_captures: 3,
+        n_slots: 5,
+        consts: Vec::new(),
+        instrs: vec![Instr::Prim {
+            dst: 4,
+            name: "switch",
+            kernel: crate::batch::select_call,
+            inplace: None,
+            args: vec![
+                Operand::Slot(1),
+                Operand::Slot(2),
+                Operand::Slot(3),
+                Operand::Slot(0),
+            ],
+            loc: 0,
+            batch: crate::batch::BatchRule::Opaque,
+        }],
+        ret: Operand::Slot(4),
+        extra_args: false,
+    })
+});
+
+/// The code object behind [`crate::batch::LANES_CALL_CODE`].
+static LANES_CALL: std::sync::LazyLock<Arc<Code>> = std::sync::LazyLock::new(|| {
+    Arc::new(Code {
+        name: "call (per lane)".into(),
+        n_params: 1,
+        n_captures: 1,
+        n_slots: 3,
+        consts: Vec::new(),
+        instrs: vec![Instr::Prim {
+            dst: 2,
+            name: "call",
+            kernel: crate::batch::lanes_value_call,
+            inplace: None,
+            args: vec![Operand::Slot(1), Operand::Slot(0)],
+            loc: 0,
+            batch: crate::batch::BatchRule::Opaque,
+        }],
+        ret: Operand::Slot(2),
+        extra_args: false,
+    })
+});
