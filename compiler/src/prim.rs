@@ -498,9 +498,9 @@ impl Prim {
             Det | Slogdet | Cholesky | Eigh | Qr => BatchRule::Stacked,
             MakeTuple | TupleGet | TupleLen | MakeRecord | RecordGet | IsUnit | IsTuple | Fail
             | Switch | TreeMap | Zero | IsZero | EnvSetitem | EnvGetitem | TupleGrad
-            | RecordGrad | AdLift | AdDyn | AdHide | AdKey | VmapLevel | VmapSize | VmapIn
-            | VmapOut | VmapSum | VmapFn => BatchRule::Opaque,
-            p if p.category() == Category::Io => BatchRule::Opaque,
+            | RecordGrad | AdLift | AdDyn | AdHide | AdKey => BatchRule::Opaque,
+            VmapLevel | VmapSize | VmapIn | VmapOut | VmapSum | VmapFn => BatchRule::Itself,
+            p if p.category() == Category::Io => BatchRule::Itself,
             p if p.category() == Category::Map => BatchRule::Elementwise,
             _ => BatchRule::PerLane,
         }

@@ -704,7 +704,22 @@ pub fn check_program(
     if ok.is_empty() && !errs.is_empty() && out.failures.is_empty() {
         // rejected everywhere: the generator's fault unless the messages differ
         let first = &errs[0].1;
-        if errs.iter().all(|(_, m)| m == first) {
+        // Every line before the vmap lines printed: the function runs, and
+        // only its mapped form fails.
+        let mapped_only = runs
+            .iter()
+            .any(|(_, r)| r.stdout.lines().any(|l| l.starts_with("gfd1m ")));
+        if mapped_only {
+            out.failures.push(Failure {
+                class: format!("vmap fails where the function runs: {first}"),
+                detail: errs
+                    .iter()
+                    .map(|(c, m)| format!("{}: {m}", CONFIGS[*c].name))
+                    .collect::<Vec<_>>()
+                    .join("\n  "),
+                configs: errs.iter().map(|(c, _)| *c).take(2).collect(),
+            });
+        } else if errs.iter().all(|(_, m)| m == first) {
             out.gen_invalid = Some(first.clone());
         } else {
             out.failures.push(Failure {

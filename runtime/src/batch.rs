@@ -42,8 +42,11 @@ pub use crate::value::{Batched, Lanes};
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum BatchRule {
     /// Values pass through untouched (tuples, records, environments,
-    /// function values, IO, the `vmap` primitives themselves).
+    /// function values); per-lane values ([`Lanes`]) are taken apart.
     Opaque,
+    /// The kernel takes values with lanes as they are (the `vmap`
+    /// primitives, IO).
+    Itself,
     /// Element-wise with NumPy broadcasting.
     Elementwise,
     /// `(x, axis, ..)`: a reduction, scan or ordering along logical axes.
@@ -240,6 +243,9 @@ pub fn apply(
     let first = args.first();
     let first_batched = matches!(first, Some(Value::Batched(_)));
     let rest_plain = || args.iter().skip(1).all(|a| !has_batched(a));
+    if rule == BatchRule::Itself {
+        return kernel(ctx, args);
+    }
     if args.iter().any(has_lanes) {
         return per_lane(
             ctx,
@@ -248,7 +254,7 @@ pub fn apply(
         );
     }
     match rule {
-        BatchRule::Opaque => kernel(ctx, args),
+        BatchRule::Opaque | BatchRule::Itself => kernel(ctx, args),
         BatchRule::Elementwise
             if args
                 .iter()
@@ -440,7 +446,10 @@ fn matmul(ctx: &mut dyn Ctx, kernel: Kernel, args: &[Value]) -> Result<Value, Rt
         s.remove(s.len() - 1);
     }
     if a_vec {
-        s.remove(s.len() - if b_vec { 1 } else { 2 });
+        // The row axis is last when the right operand is a vector (a
+        // column removed above, or an unmapped vector the product drops).
+        let b_vector = b_vec || (lb.is_empty() && rb == 1);
+        s.remove(s.len() - if b_vector { 1 } else { 2 });
     }
     if s != t.shape() {
         t = t.reshape(&s)?;

@@ -558,6 +558,7 @@ impl<'a> Vm<'a> {
                     let dst = *dst;
                     let loc = *loc;
                     let batched = crate::batch::active()
+                        && *batch != crate::batch::BatchRule::Itself
                         && values.iter().any(crate::batch::has_batched)
                         && (*batch != crate::batch::BatchRule::Opaque
                             || values.iter().any(crate::batch::is_lanes));
@@ -842,7 +843,7 @@ static SELECT: std::sync::LazyLock<Arc<Code>> = std::sync::LazyLock::new(|| {
                 Operand::Slot(0),
             ],
             loc: 0,
-            batch: crate::batch::BatchRule::Opaque,
+            batch: crate::batch::BatchRule::Itself,
         }],
         ret: Operand::Slot(4),
         extra_args: false,
@@ -864,7 +865,7 @@ static LANES_CALL: std::sync::LazyLock<Arc<Code>> = std::sync::LazyLock::new(|| 
             inplace: None,
             args: vec![Operand::Slot(1), Operand::Slot(0)],
             loc: 0,
-            batch: crate::batch::BatchRule::Opaque,
+            batch: crate::batch::BatchRule::Itself,
         }],
         ret: Operand::Slot(2),
         extra_args: false,
