@@ -161,6 +161,23 @@ pub struct SessionError {
     kind: ErrorKind,
 }
 
+/// A stretch of a generated source (`at..at + len`) copied from the text
+/// `text` named `name`, where it starts at byte `offset`
+/// ([`SessionError::relocate`]).
+#[derive(Clone, Debug)]
+pub struct SourcePiece {
+    /// Where the piece starts in the generated source (bytes).
+    pub at: usize,
+    /// Its length in the generated source.
+    pub len: usize,
+    /// The name diagnostics give the original text (`<input 3>`).
+    pub name: String,
+    /// The whole original text.
+    pub text: String,
+    /// Where the piece starts in `text`.
+    pub offset: usize,
+}
+
 /// The error type of the embedding API (the same as [`SessionError`]).
 pub type Error = SessionError;
 
@@ -221,6 +238,53 @@ impl SessionError {
         self.sources.get(span.file)?;
         let (line, col) = self.sources.line_col(span);
         Some((self.sources.name(span.file).to_string(), line, col))
+    }
+
+    /// The same error with the places that fall inside `pieces` of the
+    /// source named `generated` shown at their place in the text each
+    /// piece was copied from (an entry typed at the REPL, a loaded file),
+    /// so that line numbers refer to what the user wrote.
+    pub fn relocate(mut self, generated: &str, pieces: &[SourcePiece]) -> SessionError {
+        if self.plain {
+            return self;
+        }
+        let SessionError {
+            diagnostics,
+            sources,
+            ..
+        } = &mut self;
+        let mut files: HashMap<String, adjoint_lang::FileId> = HashMap::new();
+        for d in diagnostics.iter_mut() {
+            for label in std::iter::once(&mut d.primary).chain(d.secondary.iter_mut()) {
+                let span = label.span;
+                if sources.get(span.file).is_none() || sources.name(span.file) != generated {
+                    continue;
+                }
+                let (mut lo, mut hi) = (span.lo as usize, span.hi as usize);
+                let p = match pieces.iter().find(|p| p.at <= lo && hi <= p.at + p.len) {
+                    Some(p) => p,
+                    None => {
+                        // A generated expression around one piece (`grad(f)`
+                        // for `:grad f`): the piece.
+                        let mut inside = pieces.iter().filter(|p| lo <= p.at && p.at + p.len <= hi);
+                        match (inside.next(), inside.next()) {
+                            (Some(p), None) => {
+                                (lo, hi) = (p.at, p.at + p.len);
+                                p
+                            }
+                            _ => continue,
+                        }
+                    }
+                };
+                let file = *files
+                    .entry(p.name.clone())
+                    .or_insert_with(|| sources.add_file(p.name.clone(), p.text.clone()));
+                let end = p.text.len();
+                let shift = |x: usize| (x - p.at + p.offset).min(end) as u32;
+                label.span = adjoint_lang::Span::new(file, shift(lo), shift(hi));
+            }
+        }
+        self
     }
 
     fn plain(message: String, file: &str, kind: ErrorKind) -> SessionError {

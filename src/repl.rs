@@ -7,7 +7,9 @@
 //! printed. A definition is compiled before it is accepted, so a bad one is
 //! rejected and leaves the session as it was. Redefining a function
 //! replaces it. An input whose brackets are not closed continues on the
-//! next line.
+//! next line. Each kept text remembers the input it was typed in, so that
+//! a diagnostic names that input (`<input 3>:1:9`, or the loaded file) and
+//! counts lines in it, not in the generated program.
 //!
 //! On a terminal, lines are read with rustyline (history in
 //! `$ADJOINT_HISTORY`, else `adjoint/history` in the user's data
@@ -20,10 +22,10 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use adjoint::{Mode, Session, SessionError, Value};
+use adjoint::{Mode, Session, SessionError, SourcePiece, Value};
 use adjoint_lang::{ast, FileId};
 
 /// The hidden function an expression becomes.
@@ -48,11 +50,67 @@ line. Commands:
   :quit             leave (also Ctrl-D)
 ";
 
-/// One accepted definition: the names it defines and its text.
+/// One accepted definition (or `let` binding): the names it defines, its
+/// text, and where the text was written.
 #[derive(Clone, Debug)]
 struct Def {
     key: String,
     text: String,
+    origin: Option<Origin>,
+}
+
+/// One input typed at the prompt (`<input 3>`) or a loaded file: what
+/// diagnostics name and count lines in.
+#[derive(Debug)]
+struct Entry {
+    name: String,
+    text: String,
+}
+
+/// Where a kept text starts: its entry and the byte offset in it.
+#[derive(Clone, Debug)]
+struct Origin {
+    entry: Arc<Entry>,
+    offset: usize,
+}
+
+/// A generated program text and the pieces of it that were written by
+/// the user ([`SessionError::relocate`] shows errors in them at their
+/// place in the entry).
+#[derive(Default)]
+struct Gen {
+    text: String,
+    pieces: Vec<SourcePiece>,
+}
+
+impl Gen {
+    fn push(&mut self, s: &str, origin: Option<&Origin>) {
+        if let Some(o) = origin {
+            let len = s.len().min(o.entry.text.len().saturating_sub(o.offset));
+            self.pieces.push(SourcePiece {
+                at: self.text.len(),
+                len,
+                name: o.entry.name.clone(),
+                text: o.entry.text.clone(),
+                offset: o.offset,
+            });
+        }
+        self.text.push_str(s);
+    }
+
+    fn append(&mut self, other: Gen) {
+        let at = self.text.len();
+        self.pieces.extend(other.pieces.into_iter().map(|mut p| {
+            p.at += at;
+            p
+        }));
+        self.text.push_str(&other.text);
+    }
+
+    /// `e` with its places in the user's pieces shown there.
+    fn relocate(&self, e: SessionError) -> SessionError {
+        e.relocate(SOURCE_NAME, &self.pieces)
+    }
 }
 
 /// The state of a session.
@@ -63,8 +121,13 @@ pub struct Repl {
     /// `fn` and `bprop` items.
     items: Vec<Def>,
     /// `let` statements, in order.
-    lets: Vec<String>,
+    lets: Vec<Def>,
     color: bool,
+    /// How many inputs have been handled, and the one being handled (the
+    /// address of its text, to place slices of it).
+    entries: usize,
+    entry: Option<Arc<Entry>>,
+    entry_base: usize,
     /// Whether an input has failed (`adjoint repl < script` then exits
     /// with status 1).
     failed: bool,
@@ -90,6 +153,9 @@ impl Repl {
             lets: Vec::new(),
             color: std::io::stderr().is_terminal(),
             failed: false,
+            entries: 0,
+            entry: None,
+            entry_base: 0,
         }
     }
 
@@ -99,7 +165,14 @@ impl Repl {
     fn handle(&mut self, input: &str, out: &mut dyn Write, err: &mut dyn Write) -> Flow {
         *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = None;
         adjoint_runtime::vm::clear_interrupt();
+        self.entries += 1;
+        self.entry = Some(Arc::new(Entry {
+            name: format!("<input {}>", self.entries),
+            text: input.to_string(),
+        }));
+        self.entry_base = input.as_ptr() as usize;
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.dispatch(input, out)));
+        self.entry = None;
         let _ = out.flush();
         match r {
             Ok(Ok(flow)) => flow,
@@ -166,19 +239,19 @@ impl Repl {
             }
             "type" | "t" => {
                 need("an expression")?;
-                let s = self.session_for(rest)?;
-                let t = s.result_type(INPUT)?;
+                let (s, g) = self.session_for(rest)?;
+                let t = s.result_type(INPUT).map_err(|e| g.relocate(e))?;
                 write_out(out, &format!("{t}\n"));
             }
             "ir" => {
                 need("an expression")?;
-                let s = self.session_for(rest)?;
-                write_out(out, &s.emit_ir(Some(INPUT))?);
+                let (s, g) = self.session_for(rest)?;
+                write_out(out, &s.emit_ir(Some(INPUT)).map_err(|e| g.relocate(e))?);
             }
             "opt" => {
                 need("an expression")?;
-                let s = self.session_for(rest)?;
-                write_out(out, &s.emit_opt(Some(INPUT))?);
+                let (s, g) = self.session_for(rest)?;
+                write_out(out, &s.emit_opt(Some(INPUT)).map_err(|e| g.relocate(e))?);
             }
             "time" => {
                 need("an expression")?;
@@ -213,7 +286,11 @@ impl Repl {
                         d
                     }
                 });
-                let n = self.define_named(&text, path, dir)?;
+                let entry = Arc::new(Entry {
+                    name: path.to_string(),
+                    text: text.clone(),
+                });
+                let n = self.define_named(&text, Origin { entry, offset: 0 }, dir)?;
                 write_out(
                     out,
                     &format!(
@@ -229,7 +306,7 @@ impl Repl {
                     s.push('\n');
                 }
                 for l in &self.lets {
-                    s.push_str(l);
+                    s.push_str(&l.text);
                     s.push('\n');
                 }
                 write_out(out, &s);
@@ -250,65 +327,106 @@ impl Repl {
 
     /// The program: imports, then `first` (the new input), then the other
     /// definitions.
-    fn source(&self, first: &str, skip: &[String]) -> String {
-        let mut s = String::new();
+    fn source(&self, first: Gen) -> Gen {
+        let mut g = Gen::default();
         for d in &self.imports {
-            if !skip.contains(&d.key) {
-                s.push_str(&d.text);
-                s.push('\n');
-            }
+            g.push(&d.text, d.origin.as_ref());
+            g.push("\n", None);
         }
-        s.push_str(first);
-        s.push('\n');
+        g.append(first);
+        g.push("\n", None);
         for d in &self.items {
-            if !skip.contains(&d.key) {
-                s.push_str(&d.text);
-                s.push('\n');
-            }
+            g.push(&d.text, d.origin.as_ref());
+            g.push("\n", None);
         }
-        s
+        g
     }
 
     /// The hidden function whose body is the `let` bindings, then `body`.
-    fn input_fn(&self, body: &str) -> String {
-        let mut s = format!("fn {INPUT}() {{\n");
+    fn input_fn(&self, body: Gen) -> Gen {
+        let mut g = Gen::default();
+        g.push(&format!("fn {INPUT}() {{\n"), None);
         for l in &self.lets {
-            s.push_str(l);
-            s.push('\n');
+            g.push(&l.text, l.origin.as_ref());
+            g.push("\n", None);
         }
-        s.push_str(body);
-        s.push_str("\n}");
-        s
+        g.append(body);
+        g.push("\n}", None);
+        g
+    }
+
+    /// Where `s`, a slice of the input being handled, was typed.
+    fn origin(&self, s: &str) -> Option<Origin> {
+        let entry = self.entry.as_ref()?;
+        let offset = (s.as_ptr() as usize).checked_sub(self.entry_base)?;
+        (offset + s.len() <= entry.text.len()).then(|| Origin {
+            entry: entry.clone(),
+            offset,
+        })
+    }
+
+    /// `s` as a generated text: placed in the input when it is a slice
+    /// of it.
+    fn typed(&self, s: &str) -> Gen {
+        let mut g = Gen::default();
+        g.push(s, self.origin(s).as_ref());
+        g
     }
 
     /// A session with the program and the hidden function for `expr`.
-    fn session_for(&self, expr: &str) -> Result<Session, SessionError> {
-        let text = self.source(&self.input_fn(expr), &[]);
-        Session::new(self.mode)
+    fn session_for(&self, expr: &str) -> Result<(Session, Gen), SessionError> {
+        self.session_for_gen(self.typed(expr))
+    }
+
+    fn session_for_gen(&self, body: Gen) -> Result<(Session, Gen), SessionError> {
+        let g = self.source(self.input_fn(body));
+        let s = Session::new(self.mode)
             .with_compiler_options(adjoint::env_options::compiler_options())
-            .load_source(SOURCE_NAME, &text)
+            .load_source(SOURCE_NAME, &g.text)
+            .map_err(|e| g.relocate(e))?;
+        Ok((s, g))
     }
 
     /// Evaluates an expression (or statements ending in one).
     fn eval(&self, expr: &str, out: &mut dyn Write) -> Result<Value, SessionError> {
-        self.session_for(expr)?.run_function(INPUT, out)
+        self.eval_gen(self.typed(expr), out)
+    }
+
+    fn eval_gen(&self, body: Gen, out: &mut dyn Write) -> Result<Value, SessionError> {
+        let (s, g) = self.session_for_gen(body)?;
+        s.run_function(INPUT, out).map_err(|e| g.relocate(e))
     }
 
     /// `let pattern = expr`: checked by running it, then kept.
     fn bind(&mut self, input: &str, out: &mut dyn Write) -> Result<(), SessionError> {
+        let origin = self.origin(input);
         let stmt = if input.ends_with(';') {
             input.to_string()
         } else {
             format!("{input};")
         };
-        self.eval(&format!("{stmt}\n()"), out)?;
-        self.lets.push(stmt);
+        let mut body = Gen::default();
+        body.push(&stmt, origin.as_ref());
+        body.push("\n()", None);
+        self.eval_gen(body, out)?;
+        self.lets.push(Def {
+            key: "let".into(),
+            text: stmt,
+            origin,
+        });
         Ok(())
     }
 
     /// Items typed at the prompt.
     fn define(&mut self, input: &str) -> Result<(), SessionError> {
-        self.define_named(input, SOURCE_NAME, None).map(|_| ())
+        let origin = self.origin(input).unwrap_or_else(|| Origin {
+            entry: Arc::new(Entry {
+                name: SOURCE_NAME.into(),
+                text: input.to_string(),
+            }),
+            offset: 0,
+        });
+        self.define_named(input, origin, None).map(|_| ())
     }
 
     /// Adds the items of `text` (replacing definitions of the same names)
@@ -316,23 +434,29 @@ impl Repl {
     fn define_named(
         &mut self,
         text: &str,
-        name: &str,
+        origin: Origin,
         base: Option<&Path>,
     ) -> Result<usize, SessionError> {
+        let name = origin.entry.name.clone();
         let (module, diags) = adjoint_lang::parse(FileId(0), text);
         if diags.iter().any(|d| d.is_error()) {
             // Let the session render the syntax errors.
+            let mut g = Gen::default();
+            g.push(text, Some(&origin));
             return Err(Session::new(self.mode)
                 .with_compiler_options(adjoint::env_options::compiler_options())
-                .load_source(name, text)
+                .load_source(SOURCE_NAME, &g.text)
                 .err()
+                .map(|e| g.relocate(e))
                 .unwrap_or_else(|| SessionError::message("syntax error".into())));
         }
         let mut new_imports = Vec::new();
         let mut new_items = Vec::new();
         for item in &module.items {
             let span = item.span().range();
-            let Some(src) = text.get(span) else { continue };
+            let Some(src) = text.get(span.clone()) else {
+                continue;
+            };
             let key = match item {
                 ast::Item::Fn(f) => format!("fn {}", f.name.name),
                 ast::Item::Bprop(f) => format!("bprop {}", f.name.name),
@@ -353,6 +477,7 @@ impl Repl {
                     new_imports.push(Def {
                         key: format!("import {}", t.trim().trim_end_matches(';')),
                         text: t,
+                        origin: None,
                     });
                     continue;
                 }
@@ -363,7 +488,14 @@ impl Repl {
             {
                 t.push(';');
             }
-            new_items.push(Def { key, text: t });
+            new_items.push(Def {
+                key,
+                text: t,
+                origin: Some(Origin {
+                    entry: origin.entry.clone(),
+                    offset: origin.offset + span.start,
+                }),
+            });
         }
         let n = new_imports.len() + new_items.len();
         if n == 0 {
@@ -384,6 +516,9 @@ impl Repl {
             lets: self.lets.clone(),
             color: self.color,
             failed: false,
+            entries: self.entries,
+            entry: self.entry.clone(),
+            entry_base: self.entry_base,
         };
         for d in new_imports {
             if !candidate.imports.iter().any(|o| o.key == d.key) {
@@ -391,10 +526,11 @@ impl Repl {
             }
         }
         candidate.items.extend(new_items);
-        let text = candidate.source("", &[]);
+        let g = candidate.source(Gen::default());
         if let Err(e) = Session::new(self.mode)
             .with_compiler_options(adjoint::env_options::compiler_options())
-            .load_source(SOURCE_NAME, &text)
+            .load_source(SOURCE_NAME, &g.text)
+            .map_err(|e| g.relocate(e))
         {
             // A `let` name used in a definition: say why it is not found.
             let used = self
@@ -419,6 +555,7 @@ impl Repl {
         let mut names = Vec::new();
         for l in &self.lets {
             let pattern = l
+                .text
                 .trim_start()
                 .strip_prefix("let")
                 .and_then(|r| r.split('=').next())
@@ -444,10 +581,15 @@ impl Repl {
             ));
         }
         let params = self.params_of(f);
+        let args_at = args;
         let args = split_args(args);
         if args.is_empty() {
             // Check that `grad(f)` compiles, then show its signature.
-            self.session_for(&format!("grad({f})"))?;
+            let mut body = Gen::default();
+            body.push("grad(", None);
+            body.push(f, self.origin(f).as_ref());
+            body.push(")", None);
+            self.session_for_gen(body)?;
             let sig = match &params {
                 Some(ps) if !ps.is_empty() => {
                     let first = &ps[0];
@@ -476,17 +618,29 @@ impl Repl {
             write_out(out, &sig);
             return Ok(());
         }
-        let mut body = String::new();
+        let mut body = Gen::default();
         let names: Vec<String> = (0..args.len()).map(|i| format!("__repl_a{i}")).collect();
+        // Each argument placed where it was typed (found in order).
+        let mut cursor = 0;
         for (n, a) in names.iter().zip(&args) {
-            body.push_str(&format!("let {n} = {a};\n"));
+            body.push(&format!("let {n} = "), None);
+            let at = args_at[cursor..].find(a.as_str()).map(|i| cursor + i);
+            match at {
+                Some(i) => {
+                    cursor = i + a.len();
+                    body.push(a, self.origin(&args_at[i..cursor]).as_ref());
+                }
+                None => body.push(a, None),
+            }
+            body.push(";\n", None);
         }
-        body.push_str(&format!(
-            "(grad({f})({}), ({},))",
-            names.join(", "),
-            names.join(", ")
-        ));
-        let v = self.eval(&body, out)?;
+        body.push("(grad(", None);
+        body.push(f, self.origin(f).as_ref());
+        body.push(
+            &format!(")({}), ({},))", names.join(", "), names.join(", ")),
+            None,
+        );
+        let v = self.eval_gen(body, out)?;
         let (g, xs) = match v.as_tuple() {
             Some([g, xs]) => (g.clone(), xs.as_tuple().map(<[Value]>::to_vec)),
             _ => (v.clone(), None),
@@ -546,12 +700,12 @@ impl Repl {
     /// `:time EXPR`.
     fn time(&self, expr: &str, out: &mut dyn Write) -> Result<(), SessionError> {
         let t0 = Instant::now();
-        let s = self.session_for(expr)?;
+        let (s, g) = self.session_for(expr)?;
         let t1 = Instant::now();
-        let f = s.function(INPUT)?;
-        f.prepare(&[])?;
+        let f = s.function(INPUT).map_err(|e| g.relocate(e))?;
+        f.prepare(&[]).map_err(|e| g.relocate(e))?;
         let t2 = Instant::now();
-        let v = f.call_with_output(&[], out)?;
+        let v = f.call_with_output(&[], out).map_err(|e| g.relocate(e))?;
         let t3 = Instant::now();
         print_value(&v, out);
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
@@ -983,6 +1137,26 @@ mod tests {
         let (out, err) = session(&["fn f(x) = x * 2.0", "fn f(x) = x * nope", "f(4.0)"]);
         assert_eq!(out, "8.0\n");
         assert!(err.contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn diagnostics_point_into_the_entry_that_was_typed() {
+        let (_, err) = session(&[
+            "fn r(v, i) = v[i] * 2.0",
+            "let k = 9",
+            "fn h(x) {\n    let y = x * 2.0;\n    y + nope\n}",
+            "r([1.0], k)",
+            ":grad h 1.0",
+            ":type 1.0 + zz",
+        ]);
+        // A name error on the third line of entry 3.
+        assert!(err.contains("<input 3>:3:9"), "{err}");
+        // A run-time error inside the definition typed as entry 1.
+        assert!(err.contains("<input 1>:1:14"), "{err}");
+        // `:grad` of an unknown function points at its name.
+        assert!(err.contains("<input 5>:1:7"), "{err}");
+        assert!(err.contains("<input 6>:1:13"), "{err}");
+        assert!(!err.contains("<repl>") && !err.contains("__repl"), "{err}");
     }
 
     #[test]

@@ -112,7 +112,13 @@ fn an_error_prints_a_diagnostic_and_the_session_goes_on() {
          f(1.2)\n",
     );
     assert!(r.stderr.contains("undefined_thing"), "{r:?}");
-    assert!(r.stderr.contains("<repl>:"), "a file:line:col:\n{r:?}");
+    // Places are counted in the entry that was typed, not in the program
+    // the REPL generates.
+    assert!(
+        r.stderr.contains("<input 2>:1:3"),
+        "a file:line:col:\n{r:?}"
+    );
+    assert!(!r.stderr.contains("<repl>"), "{r:?}");
     assert!(
         r.stderr.contains("matmul") || r.stderr.contains("@"),
         "{r:?}"
