@@ -181,6 +181,16 @@ fn main() -> ExitCode {
     adjoint_runtime::threads::join_kernel_pool(adjoint::env_options::kernel_threads());
     adjoint::env_options::install_tracing();
     let cli = Cli::parse();
+    // Under `mpirun`, join the MPI job before anything runs; the universe
+    // lives until `main` returns (dropping it finalises MPI).
+    #[cfg(feature = "mpi")]
+    let _universe = match join_mpi_job() {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
     if let Command::Repl { mode } = cli.command {
         return repl::run(match mode {
             ModeArg::Eager => Mode::Eager,
@@ -191,6 +201,25 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(_) => ExitCode::from(101),
     }
+}
+
+/// Initialises MPI when this process was started by `mpirun` (its
+/// launcher sets the variables below) and installs MPI's world as the
+/// process's communicator; alone, the process stays a world of one
+/// without touching MPI.
+#[cfg(feature = "mpi")]
+fn join_mpi_job() -> Result<Option<mpi::environment::Universe>, String> {
+    let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if !launched {
+        return Ok(None);
+    }
+    let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+        .ok_or("MPI was already initialised")?;
+    let world = adjoint_runtime::comm::mpi::MpiWorld::new(universe.world());
+    adjoint_runtime::comm::set_world(Box::new(world))?;
+    Ok(Some(universe))
 }
 
 /// A session with the compiler options of the environment.
@@ -296,6 +325,20 @@ fn run(cli: Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = std::io::stdout().flush();
+            let world = adjoint_runtime::comm::world();
+            if world.size() > 1 {
+                // The other ranks may be waiting in a collective for this
+                // one: say which rank failed, then end them all.
+                let text = format!(
+                    "rank {} of {}: {}",
+                    world.rank(),
+                    world.size(),
+                    e.render(color)
+                );
+                let _ = std::io::stderr().write_all(text.as_bytes());
+                let _ = std::io::stderr().flush();
+                world.abort(1);
+            }
             let _ = write!(std::io::stderr(), "{}", e.render(color));
             ExitCode::from(1)
         }
@@ -356,6 +399,10 @@ fn run_file(
     })?
     .with_main_args(args)
     .load_file(file)?;
+    // Every rank runs the program; only rank 0 writes what it prints.
+    if adjoint_runtime::comm::world().rank() != 0 {
+        return session.run_main(&mut std::io::sink());
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if !stats {

@@ -372,6 +372,35 @@ fn cases() -> Vec<Case> {
             .e("sum(cumprod(x * [1.0, 0.0, 1.0, 0.0, 1.0], axis = 1) * w)"),
     );
 
+    // ----- collectives, in a world of one process ------------------------
+    // (several processes: tests/parallel, under mpirun)
+    for (i, op) in ["sum", "mean", "max", "min"].iter().enumerate() {
+        v.push(
+            case("all_reduce", format!("op = {op}"))
+                .x("x", rn("3, 4", 580 + i as u32))
+                .w("3, 4")
+                .e(format!("sum(all_reduce(x * x, op = \"{op}\") * w)")),
+        );
+    }
+    v.push(
+        case("all_gather", "axis = 1")
+            .x("x", rn("3, 4", 585))
+            .w("3, 4")
+            .e("sum(all_gather(sin(x), axis = 1) * w)"),
+    );
+    v.push(
+        case("reduce_scatter", "axis = 0")
+            .x("x", rn("3, 4", 586))
+            .w("3, 4")
+            .e("sum(reduce_scatter(x * x, axis = 0) * w)"),
+    );
+    v.push(
+        case("broadcast", "root 0")
+            .x("x", rn("3, 4", 587))
+            .w("3, 4")
+            .e("sum(broadcast(tanh(x), root = 0) * w)"),
+    );
+
     // ----- matrix decompositions ----------------------------------------
     // Well-conditioned matrices: a random part plus a multiple of the
     // identity (positive definite symmetric parts for cholesky and eigh).

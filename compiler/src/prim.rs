@@ -378,6 +378,20 @@ prims! {
     // the values it captures are summed over the lanes.
     VmapFn = "vmap_fn", Control, &[req("f"), req("level"), req("n")], false, true;
     JacBasis = "jac_basis", Create, &[req("y")], false, false;
+    // processes (adjoint_runtime::comm): `rank()` and `world_size()` are
+    // the module's world, constants when the program is compiled; the
+    // collectives run in program order on every rank (control, so that no
+    // pass evaluates or moves them as pure functions of their operands).
+    Rank = "rank", Create, NONE, false, false;
+    WorldSize = "world_size", Create, NONE, false, false;
+    /// `all_reduce(x, op = "sum" | "mean" | "max" | "min")` (`()`: sum).
+    AllReduce = "all_reduce", Control, &[req("x"), opt("op", Default::Unit)], false, true;
+    /// The ranks' `x` joined along `axis`, in rank order.
+    AllGather = "all_gather", Control, &[req("x"), opt("axis", Default::Int(0))], false, true;
+    /// The sum over ranks of `x`, of which rank `r` keeps chunk `r` along `axis`.
+    ReduceScatter = "reduce_scatter", Control, &[req("x"), opt("axis", Default::Int(0))], false, true;
+    /// Rank `root`'s `x`, on every rank.
+    Broadcast = "broadcast", Control, &[req("x"), opt("root", Default::Int(0))], false, true;
     JacReshape = "jac_reshape", Reindex, &[req("j"), req("y"), req("x")], false, true;
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;

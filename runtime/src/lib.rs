@@ -20,6 +20,8 @@
 //!   [`dynamic`]: the hook through which the compiler differentiates
 //!   function values at run time;
 //! - [`host`]: hooks the host program provides for progress bars and plots;
+//! - [`comm`]: the processes of the world (one, or an MPI job with the
+//!   `mpi` feature) and the collectives' data exchange;
 //! - [`cuda`]: the GPU (driver, device memory, NVRTC, cuBLAS) through
 //!   `cudarc` with dynamic loading: builds with no CUDA installed.
 //!
@@ -53,6 +55,7 @@
 //! ```
 
 pub mod batch;
+pub mod comm;
 pub mod cuda;
 pub mod dtype;
 pub mod dynamic;

@@ -1044,3 +1044,37 @@ pub fn mapped_len(leaves: &[(usize, &[usize], i64)]) -> Result<Option<usize>, St
     }
     Ok(n.map(|(d, _)| d))
 }
+
+/// The shape of `all_gather(x, axis)` over `ranks` processes: axis `axis`
+/// (normalised) `ranks` times as long.
+pub fn all_gather(x: TensorTy, axis: i64, ranks: usize) -> Result<(usize, Vec<usize>), String> {
+    if x.ndim() == 0 {
+        return Err(format!("all_gather: needs a tensor with an axis, got {x}"));
+    }
+    let a = self::axis("all_gather", axis, x.ndim(), &x)?;
+    let mut s = x.shape.to_vec();
+    s[a] = s[a]
+        .checked_mul(ranks)
+        .ok_or_else(|| too_big("all_gather"))?;
+    Ok((a, s))
+}
+
+/// The shape of `reduce_scatter(x, axis)` over `ranks` processes: axis
+/// `axis` (normalised) cut into `ranks` equal chunks.
+pub fn reduce_scatter(x: TensorTy, axis: i64, ranks: usize) -> Result<(usize, Vec<usize>), String> {
+    if x.ndim() == 0 {
+        return Err(format!(
+            "reduce_scatter: needs a tensor with an axis, got {x}"
+        ));
+    }
+    let a = self::axis("reduce_scatter", axis, x.ndim(), &x)?;
+    if x.shape[a] % ranks != 0 {
+        return Err(format!(
+            "reduce_scatter: axis {axis} of {x} has length {}, which {ranks} ranks cannot share equally",
+            x.shape[a]
+        ));
+    }
+    let mut s = x.shape.to_vec();
+    s[a] /= ranks;
+    Ok((a, s))
+}

@@ -155,6 +155,15 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             })
         }
         Prim::Add => binary(p, args, |a, b| Some(a.wrapping_add(b))),
+        // `==` and `!=` of two strings compare them (known when both are).
+        Prim::Eq | Prim::Ne if matches!((&args[0], &args[1]), (AbsVal::Str(_), AbsVal::Str(_))) => {
+            Ok(match (&args[0], &args[1]) {
+                (AbsVal::Str(Some(a)), AbsVal::Str(Some(b))) => {
+                    AbsVal::bool((a == b) == (p == Prim::Eq))
+                }
+                _ => AbsVal::Tensor(AbsTensor::new(DType::Bool, vec![], false)),
+            })
+        }
         Prim::Format => {
             match &args[0] {
                 AbsVal::Str(Some(t)) => {
@@ -534,6 +543,50 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             })
         }
         Prim::VmapSum | Prim::VmapFn => Ok(args[0].clone()),
+        Prim::Rank => Ok(AbsVal::int(ctx.module.world.rank as i64, false)),
+        Prim::WorldSize => Ok(AbsVal::int(ctx.module.world.size as i64, false)),
+        Prim::AllReduce => {
+            let x = tensor(op, &args[0])?;
+            match &args[1] {
+                AbsVal::Str(Some(s)) if &**s == "mean" && !x.dtype.is_float() => {
+                    return fail(format!(
+                        "{op}: the mean of {} needs a float tensor",
+                        args[0]
+                    ))
+                }
+                AbsVal::Str(Some(s)) if !["sum", "mean", "max", "min"].contains(&&**s) => {
+                    return fail(format!(
+                        "{op}: op must be \"sum\", \"mean\", \"max\" or \"min\", not {s:?}"
+                    ))
+                }
+                v => optional_str(op, "op", v)?,
+            }
+            Ok(collective_result(ctx, x, x.shape.clone()))
+        }
+        Prim::AllGather | Prim::ReduceScatter => {
+            let x = tensor(op, &args[0])?;
+            let axis = known_int(op, "axis", &args[1])?;
+            let ranks = ctx.module.world.size;
+            let (_, shape) = if p == Prim::AllGather {
+                shape::all_gather(x.ty(), axis, ranks)?
+            } else {
+                shape::reduce_scatter(x.ty(), axis, ranks)?
+            };
+            Ok(collective_result(ctx, x, shape))
+        }
+        Prim::Broadcast => {
+            let x = tensor(op, &args[0])?;
+            let root = int_scalar(op, "root", &args[1])?;
+            if let Some(r) = root.value.as_deref().and_then(|v| v.first()) {
+                if *r < 0 || *r as usize >= ctx.module.world.size {
+                    return fail(format!(
+                        "{op}: root {r} is not a rank of this world of {}",
+                        ctx.module.world.size
+                    ));
+                }
+            }
+            Ok(collective_result(ctx, x, x.shape.clone()))
+        }
         Prim::JacBasis => {
             let y = tensor(op, &args[0])?;
             let m = y.shape.iter().product::<usize>();
@@ -932,6 +985,19 @@ fn vmap_size(op: &str, xs: &AbsVal, axes: &AbsVal) -> Rule {
         )),
         None => fail("vmap: no argument is mapped (every in_axes is None)"),
     }
+}
+
+/// The result of a collective: of `x`'s dtype, its value known only in a
+/// world of one process (where every collective is the identity).
+fn collective_result(ctx: &RuleCtx, x: &AbsTensor, shape: Vec<usize>) -> AbsVal {
+    let value = if ctx.module.world.size == 1 {
+        x.value.clone()
+    } else {
+        None
+    };
+    let mut t = AbsTensor::new(x.dtype, shape, false);
+    t.value = value;
+    AbsVal::Tensor(t)
 }
 
 fn like(x: &AbsTensor, shape: Vec<usize>, value: Option<Arc<[i64]>>) -> AbsVal {
@@ -1848,9 +1914,18 @@ mod tests {
 
     /// [`run`] with the calls the rule makes going to `calls`.
     fn run_with(p: Prim, args: &[AbsVal], calls: &mut dyn Calls) -> Result<AbsVal, String> {
-        let m = Module::new();
+        run_in(&Module::new(), p, args, calls)
+    }
+
+    /// [`run_with`] in module `m`.
+    fn run_in(
+        m: &Module,
+        p: Prim,
+        args: &[AbsVal],
+        calls: &mut dyn Calls,
+    ) -> Result<AbsVal, String> {
         let ctx = RuleCtx {
-            module: &m,
+            module: m,
             loc: Loc::NONE,
             arg_nodes: &[],
             value_of: &|_| None,
@@ -1901,6 +1976,64 @@ mod tests {
             "error: polygamma: the order n must be between 0 and 100, got -1"
         );
         assert!(ty(Prim::Polygamma, &[two, AbsVal::tensor(I64, &[2])]).contains("use a cast"));
+    }
+
+    #[test]
+    fn collectives_follow_the_world_of_the_module() {
+        let world = |rank, size| {
+            let mut m = Module::new();
+            m.world = crate::ir::World { rank, size };
+            m
+        };
+        let in_world = |p: Prim, args: &[AbsVal], rank: usize, size: usize| match run_in(
+            &world(rank, size),
+            p,
+            args,
+            &mut NoCalls,
+        ) {
+            Ok(v) => v.to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        let known = |v: AbsVal| match v {
+            AbsVal::Tensor(t) => t.value.as_deref().map(|v| v.to_vec()),
+            _ => None,
+        };
+        let m = world(3, 4);
+        let rank = run_in(&m, Prim::Rank, &[], &mut NoCalls).ok();
+        let size = run_in(&m, Prim::WorldSize, &[], &mut NoCalls).ok();
+        assert_eq!(rank.and_then(known), Some(vec![3]));
+        assert_eq!(size.and_then(known), Some(vec![4]));
+        let zero = AbsVal::int(0, true);
+        assert_eq!(
+            in_world(Prim::AllGather, &[f32s(&[2, 3]), zero.clone()], 0, 4),
+            "f32[8, 3]"
+        );
+        assert_eq!(
+            in_world(
+                Prim::ReduceScatter,
+                &[f32s(&[2, 8]), AbsVal::int(1, true)],
+                0,
+                4
+            ),
+            "f32[2, 2]"
+        );
+        assert!(in_world(Prim::ReduceScatter, &[f32s(&[6]), zero], 0, 4).starts_with("error"));
+        assert_eq!(
+            in_world(Prim::Broadcast, &[f32s(&[2]), AbsVal::int(4, true)], 0, 4),
+            "error: broadcast: root 4 is not a rank of this world of 4"
+        );
+        let mean = AbsVal::Str(Some("mean".into()));
+        assert!(
+            in_world(Prim::AllReduce, &[AbsVal::tensor(I64, &[2]), mean], 0, 2)
+                .contains("needs a float tensor")
+        );
+        // One process: the collectives are the identity, values included.
+        let one = run(Prim::AllReduce, &[AbsVal::int(5, false), unit()]);
+        assert_eq!(one.ok().and_then(known), Some(vec![5]));
+        assert_eq!(
+            in_world(Prim::AllReduce, &[AbsVal::int(5, false), unit()], 0, 2),
+            "i64[]"
+        );
     }
 
     #[test]

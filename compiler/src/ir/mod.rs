@@ -214,6 +214,39 @@ pub struct Module {
     /// copies and the index of the parameter dropped. Reverse mode's
     /// results keep a cotangent per parameter of the original.
     pub dropped_params: std::collections::HashMap<GraphId, (GraphId, usize)>,
+    /// The processes the module is compiled for: `rank()` and
+    /// `world_size()` are these constants, and the shapes of `all_gather`
+    /// and `reduce_scatter` follow the size.
+    pub world: World,
+}
+
+/// This process's place among the processes of a run.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct World {
+    pub rank: usize,
+    pub size: usize,
+}
+
+impl World {
+    /// One process alone.
+    pub const SINGLE: World = World { rank: 0, size: 1 };
+
+    /// The world this process runs in: the communicator the host
+    /// installed (`adjoint_runtime::comm`), so that what the compiler
+    /// assumes and what the collective kernels do agree.
+    pub fn of_process() -> World {
+        let c = adjoint_runtime::comm::world();
+        World {
+            rank: c.rank(),
+            size: c.size(),
+        }
+    }
+}
+
+impl Default for World {
+    fn default() -> World {
+        World::of_process()
+    }
 }
 
 impl Module {

@@ -147,10 +147,13 @@ fn check_int_operands<T: Num>(op: &str, rhs: &[T], out_len: usize) -> Result<(),
 /// promotion rule (`add`, `lt`, `and`, ...).
 pub fn binary(op: &str, args: &[Value]) -> Result<Value, RtError> {
     arity(op, args, 2)?;
-    // `+` of two strings joins them.
+    // `+` of two strings joins them; `==` and `!=` compare them.
     if let [Value::Str(a), Value::Str(b)] = args {
-        if op == "add" {
-            return Ok(Value::str(format!("{a}{b}")));
+        match op {
+            "add" => return Ok(Value::str(format!("{a}{b}"))),
+            "eq" => return Ok(Value::Tensor(Tensor::scalar_bool(a == b))),
+            "ne" => return Ok(Value::Tensor(Tensor::scalar_bool(a != b))),
+            _ => {}
         }
     }
     if let [Value::Tensor(a), Value::Tensor(b)] = args {

@@ -32,6 +32,7 @@
 
 pub mod ad;
 pub mod args;
+pub mod collective;
 pub mod create;
 pub mod ctx;
 pub mod decomp;
@@ -174,6 +175,13 @@ pub const KERNELS: &[(&str, Kernel)] = &[
     ("vmap_fn", crate::batch::vmap_fn),
     ("jac_basis", crate::batch::jac_basis),
     ("jac_reshape", crate::batch::jac_reshape),
+    // processes (crate::comm)
+    ("rank", collective::rank),
+    ("world_size", collective::world_size),
+    ("all_reduce", collective::all_reduce),
+    ("all_gather", collective::all_gather),
+    ("reduce_scatter", collective::reduce_scatter),
+    ("broadcast", collective::broadcast),
     // structure
     ("make_tuple", structural::make_tuple),
     ("tuple_get", structural::tuple_get),
