@@ -34,6 +34,9 @@ use adjoint_compiler::pipeline::Program;
 use adjoint_compiler::vmgen::Executable;
 use adjoint_lang::{render, Diagnostic, SourceMap};
 
+/// Processes and collectives (`Session::with_communicator`).
+pub use adjoint_runtime::comm;
+use adjoint_runtime::comm::Communicator;
 pub use adjoint_runtime::tensor::{DType, Tensor};
 pub use adjoint_runtime::value::Value;
 
@@ -396,6 +399,8 @@ struct Loaded {
     /// The GPU graph mode runs kernels on ([`Device::Cuda`]).
     cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
     compiler: CompilerOptions,
+    /// The processes the program runs on.
+    comm: Arc<dyn Communicator>,
 }
 
 impl Loaded {
@@ -405,6 +410,7 @@ impl Loaded {
         path: Option<&Path>,
         cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
         compiler: CompilerOptions,
+        comm: Arc<dyn Communicator>,
     ) -> Result<Loaded, SessionError> {
         let mut sources = SourceMap::new();
         let root = sources.add_file(name.clone(), text.clone());
@@ -415,12 +421,14 @@ impl Loaded {
                 // .npy files it loads (read from their headers).
                 program.set_npy_types(Box::new(npy_header_type));
                 program.set_options(compiler);
+                program.set_communicator(comm.clone());
                 if let Some(dev) = &cuda {
                     program.set_cuda_device(dev.clone());
                 }
                 Ok(Loaded {
                     cuda,
                     compiler,
+                    comm,
                     program,
                     sources,
                     name,
@@ -484,6 +492,8 @@ pub struct Session {
     compiler: CompilerOptions,
     /// What `main(args)` receives (`adjoint run FILE -- a b`).
     main_args: Vec<String>,
+    /// The processes programs run on (docs/parallel.md).
+    comm: Arc<dyn Communicator>,
 }
 
 impl Session {
@@ -499,6 +509,7 @@ impl Session {
             cuda: None,
             compiler: CompilerOptions::default(),
             main_args: Vec::new(),
+            comm: Arc::new(comm::Single),
         }
     }
 
@@ -533,6 +544,17 @@ impl Session {
         } else {
             Ok((Vec::new(), Vec::new()))
         }
+    }
+
+    /// The same session running the programs it loads from now on as one
+    /// of the processes of `comm` (an MPI world: `comm::mpi::MpiWorld`
+    /// with the `mpi` feature): `rank()` and `world_size()` are its rank
+    /// and size, and the collectives exchange data through it. Every
+    /// process of the world must load the same program and make the same
+    /// calls. Without it, a program runs as one process alone.
+    pub fn with_communicator(mut self, comm: Arc<dyn Communicator>) -> Session {
+        self.comm = comm;
+        self
     }
 
     /// The same session with the compiler working as `options` say, for
@@ -611,6 +633,7 @@ impl Session {
             path,
             self.cuda.clone(),
             self.compiler,
+            self.comm.clone(),
         )?));
         Ok(self)
     }
@@ -1394,6 +1417,7 @@ impl Function {
             l.path.as_deref(),
             l.cuda.clone(),
             l.compiler,
+            l.comm.clone(),
         )?;
         Function::new(Arc::new(loaded), wrapper, self.mode)
     }

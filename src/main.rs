@@ -3,6 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -184,20 +185,23 @@ fn main() -> ExitCode {
     // Under `mpirun`, join the MPI job before anything runs; the universe
     // lives until `main` returns (dropping it finalises MPI).
     #[cfg(feature = "mpi")]
-    let _universe = match join_mpi_job() {
-        Ok(u) => u,
+    let (_universe, comm) = match join_mpi_job() {
+        Ok(Some((u, c))) => (Some(u), c),
+        Ok(None) => (None, single()),
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(1);
         }
     };
+    #[cfg(not(feature = "mpi"))]
+    let comm = single();
     if let Command::Repl { mode } = cli.command {
         return repl::run(match mode {
             ModeArg::Eager => Mode::Eager,
             ModeArg::Graph => Mode::Graph,
         });
     }
-    match std::panic::catch_unwind(|| run(cli)) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli, comm))) {
         Ok(code) => code,
         Err(_) => ExitCode::from(101),
     }
@@ -208,7 +212,7 @@ fn main() -> ExitCode {
 /// process's communicator; alone, the process stays a world of one
 /// without touching MPI.
 #[cfg(feature = "mpi")]
-fn join_mpi_job() -> Result<Option<mpi::environment::Universe>, String> {
+fn join_mpi_job() -> Result<Option<(mpi::environment::Universe, Comm)>, String> {
     let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
@@ -217,9 +221,16 @@ fn join_mpi_job() -> Result<Option<mpi::environment::Universe>, String> {
     }
     let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Serialized)
         .ok_or("MPI was already initialised")?;
-    let world = adjoint_runtime::comm::mpi::MpiWorld::new(universe.world());
-    adjoint_runtime::comm::set_world(Box::new(world))?;
-    Ok(Some(universe))
+    let world = adjoint::comm::mpi::MpiWorld::new(universe.world());
+    Ok(Some((universe, Arc::new(world))))
+}
+
+/// The processes a run is made of.
+type Comm = Arc<dyn adjoint::comm::Communicator>;
+
+/// One process alone.
+fn single() -> Comm {
+    Arc::new(adjoint::comm::Single)
 }
 
 /// A session with the compiler options of the environment.
@@ -227,7 +238,7 @@ fn session(mode: Mode) -> Session {
     Session::new(mode).with_compiler_options(adjoint::env_options::compiler_options())
 }
 
-fn run(cli: Cli) -> ExitCode {
+fn run(cli: Cli, comm: Comm) -> ExitCode {
     let color = std::io::stderr().is_terminal();
     let result = match cli.command {
         Command::Run {
@@ -251,7 +262,7 @@ fn run(cli: Cli) -> ExitCode {
             };
             // Progress bars (on a terminal) and plots.
             adjoint_runtime::host::set_host(Some(Box::new(host::CliHost::new(plot))));
-            let r = run_file(&file, mode, device, stats, args);
+            let r = run_file(&file, mode, device, stats, args, comm.clone());
             // Dropping the host closes bars left open by an early return.
             adjoint_runtime::host::set_host(None);
             r
@@ -325,7 +336,7 @@ fn run(cli: Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = std::io::stdout().flush();
-            let world = adjoint_runtime::comm::world();
+            let world = &*comm;
             if world.size() > 1 {
                 // The other ranks may be waiting in a collective for this
                 // one: say which rank failed, then end them all.
@@ -391,6 +402,7 @@ fn run_file(
     device: Device,
     stats: bool,
     args: Vec<String>,
+    comm: Comm,
 ) -> Result<(), SessionError> {
     let session = Session::with_options(Options {
         mode,
@@ -398,9 +410,10 @@ fn run_file(
         compiler: adjoint::env_options::compiler_options(),
     })?
     .with_main_args(args)
+    .with_communicator(comm.clone())
     .load_file(file)?;
     // Every rank runs the program; only rank 0 writes what it prints.
-    if adjoint_runtime::comm::world().rank() != 0 {
+    if comm.rank() != 0 {
         return session.run_main(&mut std::io::sink());
     }
     let stdout = std::io::stdout();

@@ -97,3 +97,39 @@ fn parallel_programs() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// examples/mpi_embed.rs: Rust trains a model written in Adjoint on 1, 2
+/// and 4 processes (a session on MPI's world), and rank 0 checks the
+/// weights against a second session that runs alone.
+#[test]
+fn embedding_on_a_communicator() {
+    // target/<profile>/deps/parallel-HASH -> target/<profile>/examples
+    let exe = std::env::current_exe().unwrap();
+    let example = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("examples/mpi_embed"))
+        .unwrap();
+    assert!(
+        example.exists(),
+        "{} is missing: `cargo build --release --features mpi --example mpi_embed` first",
+        example.display()
+    );
+    for np in [1, 2, 4] {
+        let out = Command::new("mpirun")
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .args(["--oversubscribe", "-np", &np.to_string()])
+            .arg(&example)
+            .output()
+            .expect("mpirun");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && stdout.contains(&format!("ranks: {np}\n"))
+                && stdout.contains("same as one process: true"),
+            "{np} ranks:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -124,6 +124,8 @@ pub struct Program {
     cuda: Option<Arc<adjoint_runtime::cuda::CudaDevice>>,
     /// How the compiler works (switches and limits).
     options: crate::options::CompilerOptions,
+    /// The processes the program runs on (its module's `world`).
+    comm: Arc<dyn adjoint_runtime::comm::Communicator>,
 }
 
 impl Program {
@@ -175,6 +177,7 @@ impl Program {
             load_types: None,
             cuda: None,
             options: Default::default(),
+            comm: Arc::new(adjoint_runtime::comm::Single),
         })
     }
 
@@ -183,6 +186,14 @@ impl Program {
     /// mode and primitives outside kernels stay on the CPU.
     pub fn set_cuda_device(&mut self, device: Arc<adjoint_runtime::cuda::CudaDevice>) {
         self.cuda = Some(device);
+    }
+
+    /// Runs the program on the processes of `comm`: `rank()` and
+    /// `world_size()` become its rank and size when the program is
+    /// compiled, and the collectives exchange data through it.
+    pub fn set_communicator(&mut self, comm: Arc<dyn adjoint_runtime::comm::Communicator>) {
+        self.lowered.module.world = crate::ir::World::of(&*comm);
+        self.comm = comm;
     }
 
     /// Sets how the compiler works (see [`crate::options`]).
@@ -674,7 +685,7 @@ impl Program {
         if effectful {
             args.push(Value::Io);
         }
-        let mut vm = Vm::new(&ex.program, out);
+        let mut vm = Vm::new(&ex.program, out).with_comm(&*self.comm);
         let r = vm.call(&f, args);
         drop(vm);
         let _ = out.flush();

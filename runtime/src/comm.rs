@@ -3,18 +3,17 @@
 //! A process belongs to one world of `size` ranks ([`Communicator`]); the
 //! collective kernels (`kernels/collective.rs`) exchange data through it.
 //! Without MPI the world is [`Single`]: rank 0 of 1, and every collective
-//! is the identity. With the `mpi` feature, the host program (the CLI)
-//! initialises MPI and installs [`mpi::MpiWorld`] with [`set_world`]
-//! before it runs anything: MPI's world is a property of the process, so
-//! the communicator is too.
+//! is the identity. With the `mpi` feature, the host program (the CLI, or
+//! an embedder) initialises MPI and gives the session a
+//! [`mpi::MpiWorld`] (`Session::with_communicator`); the VM hands it to
+//! the kernels through their context ([`crate::kernels::Ctx::comm`]), so
+//! two sessions of one process may run on different communicators.
 //!
 //! Data travels as f64 or i64 (every dtype converts to one of them
 //! exactly), and before each exchange the ranks compare what they are about
 //! to do (the collective, the dtype and the shape), so that ranks running
 //! different programs get an error naming the ranks that differ instead
 //! of a hang or of garbage.
-
-use std::sync::OnceLock;
 
 /// A reduction across ranks.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -25,7 +24,7 @@ pub enum ReduceOp {
 }
 
 /// One world of processes.
-pub trait Communicator: Send + Sync {
+pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// This process's index, `0..size`.
     fn rank(&self) -> usize;
     /// The number of processes.
@@ -71,20 +70,6 @@ impl Communicator for Single {
     }
 }
 
-static WORLD: OnceLock<Box<dyn Communicator>> = OnceLock::new();
-
-/// Installs the process's world; only once, before anything runs.
-pub fn set_world(c: Box<dyn Communicator>) -> Result<(), String> {
-    WORLD
-        .set(c)
-        .map_err(|_| "the world of this process is already set".to_string())
-}
-
-/// The process's world ([`Single`] unless the host installed another).
-pub fn world() -> &'static dyn Communicator {
-    WORLD.get_or_init(|| Box::new(Single)).as_ref()
-}
-
 /// Checks that every rank is about to run the same collective on data of
 /// the same kind: `header` describes it (the same length on every rank).
 /// The error names the first rank that differs from rank 0.
@@ -124,6 +109,13 @@ pub mod mpi {
 
     // MPI is initialised with `Threading::Serialized` by the host, and
     // the VM calls collectives from one thread at a time.
+    impl std::fmt::Debug for MpiWorld {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            use super::Communicator;
+            write!(f, "MpiWorld(rank {} of {})", self.rank(), self.size())
+        }
+    }
+
     unsafe impl Send for MpiWorld {}
     unsafe impl Sync for MpiWorld {}
 

@@ -354,6 +354,8 @@ pub struct Vm<'a> {
     /// step).
     scratch: Vec<Value>,
     spare_slots: Vec<Vec<Option<Value>>>,
+    /// The processes collectives run between.
+    comm: &'a dyn crate::comm::Communicator,
 }
 
 /// How many returned frames' slot buffers are kept for reuse.
@@ -379,7 +381,14 @@ impl<'a> Vm<'a> {
             pending: None,
             scratch: Vec::new(),
             spare_slots: Vec::new(),
+            comm: &crate::comm::Single,
         }
+    }
+
+    /// The VM with collectives running between the processes of `comm`.
+    pub fn with_comm(mut self, comm: &'a dyn crate::comm::Communicator) -> Vm<'a> {
+        self.comm = comm;
+        self
     }
 
     pub fn with_limits(mut self, limits: Limits) -> Vm<'a> {
@@ -811,6 +820,9 @@ impl Ctx for Vm<'_> {
     }
     fn stdout(&mut self) -> &mut dyn Write {
         self.out
+    }
+    fn comm(&self) -> &dyn crate::comm::Communicator {
+        self.comm
     }
     fn transform(&mut self, f: &Value, op: &DynOp) -> Result<Value, RtError> {
         match &self.program.dynamic {

@@ -231,21 +231,18 @@ impl World {
     /// One process alone.
     pub const SINGLE: World = World { rank: 0, size: 1 };
 
-    /// The world this process runs in: the communicator the host
-    /// installed (`adjoint_runtime::comm`), so that what the compiler
-    /// assumes and what the collective kernels do agree.
-    pub fn of_process() -> World {
-        let c = adjoint_runtime::comm::world();
+    /// This process's place in the world of `comm`.
+    pub fn of(comm: &dyn adjoint_runtime::comm::Communicator) -> World {
         World {
-            rank: c.rank(),
-            size: c.size(),
+            rank: comm.rank(),
+            size: comm.size(),
         }
     }
 }
 
 impl Default for World {
     fn default() -> World {
-        World::of_process()
+        World::SINGLE
     }
 }
 

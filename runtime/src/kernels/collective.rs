@@ -15,14 +15,14 @@ use crate::shape;
 use crate::tensor::{DType, Tensor};
 use crate::value::Value;
 
-pub fn rank(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+pub fn rank(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     arity("rank", args, 0)?;
-    Ok(Value::from(Tensor::scalar_i64(comm::world().rank() as i64)))
+    Ok(Value::from(Tensor::scalar_i64(ctx.comm().rank() as i64)))
 }
 
-pub fn world_size(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+pub fn world_size(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     arity("world_size", args, 0)?;
-    Ok(Value::from(Tensor::scalar_i64(comm::world().size() as i64)))
+    Ok(Value::from(Tensor::scalar_i64(ctx.comm().size() as i64)))
 }
 
 /// The data of `x` as f64 or i64 (`Err`).
@@ -64,7 +64,7 @@ fn agree(c: &dyn Communicator, op: &str, code: i64, param: i64, x: &Tensor) -> R
     comm::agree(c, op, &h).map_err(RtError::new)
 }
 
-pub fn all_reduce(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+pub fn all_reduce(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     arity("all_reduce", args, 2)?;
     let x = tensor("all_reduce", &args[0], "x")?;
     let how = if args[1].is_unit() {
@@ -89,7 +89,7 @@ pub fn all_reduce(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
             x.type_string()
         )));
     }
-    let c = comm::world();
+    let c = ctx.comm();
     agree(c, "all_reduce", 1, code, x)?;
     let d = match data(x) {
         Data::F(mut v) => {
@@ -140,11 +140,11 @@ fn blocks(shape: &[usize], a: usize) -> (usize, usize) {
     (shape[..a].iter().product(), shape[a..].iter().product())
 }
 
-pub fn all_gather(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+pub fn all_gather(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     arity("all_gather", args, 2)?;
     let x = tensor("all_gather", &args[0], "x")?;
     let axis = int("all_gather", &args[1], "axis")?;
-    let c = comm::world();
+    let c = ctx.comm();
     let (a, out_shape) = shape::all_gather(x.ty(), axis, c.size()).map_err(RtError::new)?;
     agree(c, "all_gather", 2, a as i64, x)?;
     let (outer, inner) = blocks(x.shape(), a);
@@ -156,11 +156,11 @@ pub fn all_gather(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     back(d, x.dtype(), &out_shape)
 }
 
-pub fn reduce_scatter(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+pub fn reduce_scatter(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     arity("reduce_scatter", args, 2)?;
     let x = tensor("reduce_scatter", &args[0], "x")?;
     let axis = int("reduce_scatter", &args[1], "axis")?;
-    let c = comm::world();
+    let c = ctx.comm();
     let (a, out_shape) = shape::reduce_scatter(x.ty(), axis, c.size()).map_err(RtError::new)?;
     agree(c, "reduce_scatter", 3, a as i64, x)?;
     let (outer, inner) = blocks(x.shape(), a);
@@ -178,11 +178,11 @@ pub fn reduce_scatter(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError>
     back(d, x.dtype(), &out_shape)
 }
 
-pub fn broadcast(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+pub fn broadcast(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     arity("broadcast", args, 2)?;
     let x = tensor("broadcast", &args[0], "x")?;
     let root = int("broadcast", &args[1], "root")?;
-    let c = comm::world();
+    let c = ctx.comm();
     if root < 0 || root as usize >= c.size() {
         return Err(RtError::new(format!(
             "broadcast: root {root} is not a rank of this world of {}",

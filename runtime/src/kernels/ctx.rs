@@ -14,6 +14,11 @@ pub trait Ctx {
     fn call(&mut self, f: &Value, args: &[Value]) -> Result<Value, RtError>;
     /// Where `print` writes.
     fn stdout(&mut self) -> &mut dyn Write;
+    /// The processes the collectives run between (one, unless the host
+    /// gave the VM another world).
+    fn comm(&self) -> &dyn crate::comm::Communicator {
+        &crate::comm::Single
+    }
     /// Differentiates a function value (`ad_lift`, `ad_dyn`): only a
     /// program the compiler gave a [`crate::dynamic::Dynamic`] hook can.
     fn transform(&mut self, _f: &Value, _op: &DynOp) -> Result<Value, RtError> {
