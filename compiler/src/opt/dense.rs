@@ -122,6 +122,9 @@ impl Rewriter<'_> {
             .iter()
             .map(|i| self.resolve(*i))
             .collect();
+        let Some(slot_args) = self.slot_arguments(&ins) else {
+            return 0;
+        };
         let body = &self.bodies[&b];
         let tested: HashSet<NodeId> = body
             .iter()
@@ -142,16 +145,16 @@ impl Rewriter<'_> {
             };
             // Slot 0 is the callee's; the last, the stack's.
             let k = *k as usize;
-            if k == 0 || k + 1 >= ins.len() {
+            let Some(&Some(arg)) = slot_args.get(k) else {
+                continue;
+            };
+            if k + 1 >= slot_args.len() || !tested.contains(&n) {
                 continue;
             }
-            if !tested.contains(&n) {
-                continue;
-            }
-            let ty = types.value_of(ins[k]);
+            let ty = types.value_of(arg);
             match ty.as_ref().and_then(floats) {
                 Some(true) => {
-                    todo.push((n, k, Some(self.same_type_operand(ins[k], &ty, types))));
+                    todo.push((n, k, Some(self.same_type_operand(arg, &ty, types))));
                 }
                 // Ints and bools are not differentiable: their cotangent
                 // is the symbolic zero.
@@ -176,6 +179,61 @@ impl Rewriter<'_> {
 }
 
 impl Rewriter<'_> {
+    /// For each slot of the cotangent of the call `ins` (`ins[0]` the
+    /// callee), the argument it is the cotangent of. The slots follow the
+    /// parameters of the graph as differentiated, while a callee the
+    /// optimiser specialised to a constant argument takes fewer
+    /// ([`crate::ir::Module::original_params`]): the slot of a dropped
+    /// parameter has no argument. `None` when the callee is a choice of
+    /// graphs that dropped different parameters.
+    fn slot_arguments(&self, ins: &[NodeId]) -> Option<Vec<Option<NodeId>>> {
+        let callees = match self.m.as_graph(ins[0]) {
+            Some(g) => vec![g],
+            None => match self.m.graph_switch(ins[0]) {
+                Some((_, a, b)) => vec![a, b],
+                None => return None,
+            },
+        };
+        let mut layouts = callees.iter().map(|&g| self.m.original_params(g));
+        let (orig, count) = layouts.next()?;
+        if layouts.any(|l| l != (orig.clone(), count)) || orig.len() + 1 != ins.len() {
+            return None;
+        }
+        // The cotangent `B` starts from is what the callee's first
+        // backpropagator gives: the record it pushes right on its stack
+        // parameter. Once a record of the caller's was merged into the
+        // callee's ([`Self::merge_record`]), that result is the cotangent
+        // of another call than this one, with other slots.
+        for &g in &callees {
+            if self.pushed_result_len(g) != Some(count) {
+                return None;
+            }
+        }
+        let mut slots = vec![None; count + 1];
+        slots[0] = Some(ins[0]);
+        for (p, &o) in orig.iter().enumerate() {
+            slots[o + 1] = Some(ins[p + 1]);
+        }
+        Some(slots)
+    }
+
+    /// The number of values the backpropagator that `g` pushes right on
+    /// its stack parameter returns (`None` when `g` pushes none, or more
+    /// than one there, or it returns something else than a tuple made
+    /// where it is).
+    fn pushed_result_len(&self, g: GraphId) -> Option<usize> {
+        let stack = *self.m.graph(g).params.last()?;
+        let (uses, _) = self.uses_in(stack, &[g]);
+        let [make] = uses[..] else { return None };
+        let parts = self.m.inputs(make);
+        if self.m.applied_prim(make) != Some(Prim::MakeTuple) || parts.len() != 3 {
+            return None;
+        }
+        let bx = self.m.as_graph(self.resolve(parts[1]))?;
+        let out = self.resolve(self.m.graph(bx).output?);
+        (self.m.applied_prim(out) == Some(Prim::MakeTuple)).then(|| self.m.inputs(out).len() - 1)
+    }
+
     /// `grad_finalize` reads only its operand's type: rather than a cheap
     /// element-wise result (which the backpropagator would compute again,
     /// or keep), an operand of it with the same type.
