@@ -162,6 +162,9 @@ pub struct FusedKernel {
     /// The shape of each output (a reduction's side outputs have the
     /// iteration shape).
     out_shapes: Vec<Vec<usize>>,
+    /// Which outputs are weakly typed (a tensor literal's descendants,
+    /// which adopt the dtype of a strong operand later, as in eager mode).
+    out_weak: Vec<bool>,
 }
 
 /// The error of a kernel called with the wrong number of inputs.
@@ -208,10 +211,14 @@ impl NativeKernel for FusedKernel {
             DType::F32 => self.run::<f32>(owned)?,
             _ => self.run::<f64>(owned)?,
         };
+        let mut outs = outs
+            .into_iter()
+            .zip(&self.out_weak)
+            .map(|(t, &weak)| Value::Tensor(if weak { t.with_weak(true) } else { t }));
         Ok(if self.out_shapes.len() == 1 {
-            Value::Tensor(outs.into_iter().next().expect("one output"))
+            outs.next().expect("one output")
         } else {
-            Value::tuple(outs.into_iter().map(Value::Tensor).collect())
+            Value::tuple(outs.collect())
         })
     }
 }
@@ -1313,6 +1320,10 @@ fn build(
             name,
             input_types,
             dtype: f.dtype,
+            out_weak: outputs
+                .iter()
+                .map(|&o| tensor_type(types, o).is_some_and(|(_, _, weak)| weak))
+                .collect(),
             out_shapes,
         }),
         description,
