@@ -40,6 +40,14 @@ pub enum Check {
         what: String,
         loc: crate::ir::Loc,
     },
+    /// What a user's `bprop` rule returns (`node`) must be a tuple of one
+    /// cotangent per input of the function (`inputs` of them).
+    RuleResult {
+        node: NodeId,
+        inputs: usize,
+        name: String,
+        loc: crate::ir::Loc,
+    },
     /// `name` held `old` and is reassigned `new` at `span`.
     Assign {
         name: String,
@@ -161,6 +169,39 @@ pub fn run(
                         .with_note("use `vjp` for functions with non-scalar results"),
                     );
                 }
+            }
+            Check::RuleResult {
+                node,
+                inputs,
+                name,
+                loc,
+            } => {
+                let Some(v) = value(m, types, *node).or_else(|| {
+                    let copies = copies.get_or_insert_with(|| copies_of(origin));
+                    copy_value(types, copies, *node)
+                }) else {
+                    continue;
+                };
+                let bad = match &v {
+                    AbsVal::Tuple(items) if items.len() == *inputs => continue,
+                    AbsVal::Tuple(items) => format!(
+                        "returns {} cotangent{}, but `{name}` takes {inputs} input{}",
+                        items.len(),
+                        if items.len() == 1 { "" } else { "s" },
+                        if *inputs == 1 { "" } else { "s" }
+                    ),
+                    AbsVal::Unknown | AbsVal::Bottom => continue,
+                    other => format!("returns {other}, not a tuple of cotangents"),
+                };
+                out.push(
+                    Diagnostic::error(
+                        format!("the bprop of `{name}` {bad}"),
+                        span_of(*loc).unwrap_or(Span::point(adjoint_lang::FileId(0), 0)),
+                    )
+                    .with_note(
+                        "a bprop returns a tuple with one cotangent per input, in order: `(dx,)` for one",
+                    ),
+                );
             }
             Check::Assign {
                 name,

@@ -486,6 +486,10 @@ impl<'a> Ad<'a> {
                 let (y, bp) = self.forward(t, jf, src, &ps, loc);
                 let pb = self.m.add_graph(format!("pullback.{}", req.name), loc);
                 let dy = self.m.add_param(pb, "dy", loc);
+                // The cotangent must have the result's structure and
+                // shapes (a cotangent that broadcasts would give the
+                // derivative of another function, silently).
+                let dy = self.prim(pb, Prim::GradFinalize, &[dy, y], loc);
                 self.pull_back(pb, bp, dy, &ps, loc);
                 let pbr = self.gref(pb, loc);
                 let out = self.prim(t, Prim::MakeTuple, &[y, pbr], loc);
@@ -1297,6 +1301,12 @@ impl<'a> Ad<'a> {
         args.push(out);
         args.push(dout);
         let d = self.call(cg, rr, &args, loc);
+        self.checks.push(Check::RuleResult {
+            node: d,
+            inputs: n,
+            name: name.clone(),
+            loc: self.m.graph(rule).loc,
+        });
         let mut cots = vec![self.zero(cg, loc)];
         for i in 0..n {
             cots.push(self.get(cg, d, i, loc));

@@ -85,6 +85,9 @@ pub fn add_values_with(
         };
     match (a, b) {
         (Value::Zero, x) | (x, Value::Zero) => Ok(x.clone()),
+        // `()` is how a user's rule says "no cotangent" for a tensor (an
+        // int input, say): a zero there, as in inference's rule.
+        (u, x @ Value::Tensor(_)) | (x @ Value::Tensor(_), u) if u.is_unit() => Ok(x.clone()),
         (Value::Tuple(x), Value::Tuple(y)) => {
             if x.len() != y.len() {
                 return err(format!(
