@@ -333,12 +333,8 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             let a = float_operand(op, "a", &args[0])?;
             let b = float_operand(op, "b", &args[1])?;
             let plan = shape::solve_plan(op, a.ty(), b.ty())?;
-            let d = if a.dtype == DType::F64 || b.dtype == DType::F64 {
-                DType::F64
-            } else {
-                DType::F32
-            };
-            Ok(AbsVal::Tensor(AbsTensor::new(d, plan.shape, false)))
+            let (d, w) = dtype::promote(op, a.weak_dtype(), b.weak_dtype())?;
+            Ok(AbsVal::Tensor(AbsTensor::new(d, plan.shape, w)))
         }
         Prim::Det | Prim::Slogdet | Prim::Cholesky | Prim::Eigh => {
             let a = float_operand(op, "a", &args[0])?;

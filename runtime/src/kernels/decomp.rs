@@ -52,15 +52,6 @@ fn result(dtype: DType, data: Vec<f64>, shape: &[usize]) -> Result<Value, RtErro
     Ok(Value::Tensor(t))
 }
 
-/// The wider of two float dtypes.
-fn wider(a: DType, b: DType) -> DType {
-    if a == DType::F64 || b == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    }
-}
-
 /// Matrix `i` (`rows × cols`) of a stack held row-major in `data`.
 fn matrix(data: &[f64], i: usize, rows: usize, cols: usize) -> Mat<f64> {
     let off = i * rows * cols;
@@ -124,6 +115,13 @@ fn solve_each(
         shape::TensorTy::new(adt, &ashape),
         shape::TensorTy::new(bdt, &bshape),
     ))?;
+    // Promoted as `@` promotes: a literal adopts the other's dtype.
+    let weak = |v: &Value, what| tensor(op, v, what).map(|t| t.weak);
+    let (dt, weak) = rule(crate::dtype::promote(
+        op,
+        (adt, weak(&args[0], "a")?),
+        (bdt, weak(&args[1], "b")?),
+    ))?;
     let (n, k) = (plan.n, plan.k);
     let count: usize = plan.batch.iter().product();
     let mut out = Vec::with_capacity(count * n * k);
@@ -134,7 +132,11 @@ fn solve_each(
             .map_err(|e| RtError::new(format!("{op}: {e}{}", which(i, &plan.batch))))?;
         push(&mut out, x.as_ref());
     }
-    result(wider(adt, bdt), out, &plan.shape)
+    let t = result(dt, out, &plan.shape)?;
+    Ok(match t {
+        Value::Tensor(t) => Value::Tensor(t.with_weak(weak)),
+        v => v,
+    })
 }
 
 /// `solve(a, b)`: `x` with `a @ x = b`, by LU with partial pivoting.
