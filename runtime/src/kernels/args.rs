@@ -47,12 +47,26 @@ pub fn tensor<'a>(op: &str, v: &'a Value, what: &str) -> Result<&'a Tensor, RtEr
 pub fn int(op: &str, v: &Value, what: &str) -> Result<i64, RtError> {
     v.as_tensor()
         .and_then(Tensor::to_i64_scalar)
+        .or_else(|| uniform_int(v))
         .ok_or_else(|| {
             RtError::new(format!(
                 "{op}: expected an int for {what}, got {}",
                 v.kind()
             ))
         })
+}
+
+/// The int every lane of a mapped int scalar holds, when they all hold
+/// the same: an index that reached a primitive through a mapped value
+/// (a tape recorded under `vmap`) although it never depended on a lane.
+fn uniform_int(v: &Value) -> Option<i64> {
+    let Value::Batched(b) = v else { return None };
+    if !b.logical().is_empty() || b.t.dtype().is_float() {
+        return None;
+    }
+    let all = b.t.as_i64_vec();
+    let first = *all.first()?;
+    all.iter().all(|&x| x == first).then_some(first)
 }
 
 /// An optional int argument: `()` is `None`.
