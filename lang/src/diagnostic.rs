@@ -194,7 +194,12 @@ fn sanitize(span: Span, sources: &SourceMap) -> Option<(FileId, std::ops::Range<
     if let Some(eol) = file.text[lo..hi].find('\n') {
         hi = lo + eol;
     }
-    Some((span.file, lo..hi))
+    // ariadne is given offsets in characters: with byte offsets its
+    // excerpts are right but the `file:line:col` it writes above a
+    // secondary file's excerpt counted a multi-byte character as several
+    // (two lines early deep in the standard library, which has `ᵀ`s).
+    let chars = |b: usize| file.text[..b].chars().count();
+    Some((span.file, chars(lo)..chars(hi)))
 }
 
 struct Cache<'a> {
@@ -236,7 +241,7 @@ fn render_one(
     };
     let config = Config::default()
         .with_color(color)
-        .with_index_type(IndexType::Byte);
+        .with_index_type(IndexType::Char);
     // ariadne keeps the labels of one file in one excerpt only when they
     // come in line order.
     // ariadne underlines only labels with text: a primary label without
@@ -288,6 +293,20 @@ fn render_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secondary_file_after_multibyte_characters_is_located_right() {
+        let mut sm = SourceMap::new();
+        let user = sm.add_file("m.adj", "grad(f)(x)\n");
+        let text = "// aᵀ b⁻¹\n// ᵀᵀᵀ\nbprop f(x) = x\n";
+        let lib = sm.add_file("<stdlib>/lib.adj", text);
+        let at = text.find("bprop").unwrap() as u32;
+        let d = Diagnostic::error("boom", Span::new(user, 0, 4))
+            .with_secondary(Span::new(lib, at, at + 5), "while running this");
+        let out = render(&[d], &sm, false);
+        assert!(out.contains("<stdlib>/lib.adj:3:1"), "{out}");
+        assert!(out.contains("3 │ bprop f(x) = x"), "{out}");
+    }
 
     #[test]
     fn short_and_long_forms() {
