@@ -1469,15 +1469,20 @@ pub fn vmap_in(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
             return err(format!("vmap: in_axes {a} for a value of rank {r}"));
         }
         let p = k + p as usize;
-        let t = if p == k {
+        // Levels stay in order: a level older than some of the leaf's (a
+        // pullback that runs the reverse of a finished `vmap` inside a
+        // newer one, as `jacobian` of a function calling `vmap` does)
+        // goes before them.
+        let j = ls.iter().filter(|&&l| l < level).count();
+        let t = if p == j {
             t.clone()
         } else {
             let mut perm: Vec<i64> = (0..t.ndim() as i64).filter(|&i| i != p as i64).collect();
-            perm.insert(k, p as i64);
+            perm.insert(j, p as i64);
             kshape::transpose_tensor(t, Some(&perm))?
         };
         let mut levels = ls.to_vec();
-        levels.push(level);
+        levels.insert(j, level);
         Ok(wrap(levels, t))
     })
 }
