@@ -419,19 +419,7 @@ impl DynAd {
     ) -> Result<GraphId, String> {
         let kind = match kind {
             "grad" | "value_and_grad" => {
-                let argnums = if argnums.is_empty() {
-                    None
-                } else {
-                    let mut v = Vec::new();
-                    for a in argnums.split(',') {
-                        v.push(
-                            a.trim()
-                                .parse::<usize>()
-                                .map_err(|_| format!("bad argnums `{argnums}`"))?,
-                        );
-                    }
-                    Some(v)
-                };
+                let argnums = super::Argnums::decode(argnums)?;
                 AdKind::Grad {
                     argnums,
                     with_value: kind == "value_and_grad",

@@ -36,15 +36,66 @@ use crate::ir::analysis::{free_variables, graph_body_with, reachable_graphs, Fre
 use crate::ir::{Const, GraphId, GraphRole, Loc, Module, NodeId, NodeKind};
 use crate::prim::{Category, Prim};
 
+/// The arguments `grad` differentiates, as JAX takes them: one (an int,
+/// or none given: the first), whose gradient is the result, or a tuple,
+/// whose gradients come in a tuple.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Argnums {
+    One(usize),
+    Many(Vec<usize>),
+}
+
+impl Argnums {
+    /// The differentiated argument positions.
+    pub fn which(&self) -> Vec<usize> {
+        match self {
+            Argnums::One(i) => vec![*i],
+            Argnums::Many(v) => v.clone(),
+        }
+    }
+
+    /// Whether the gradients come in a tuple.
+    pub fn tupled(&self) -> bool {
+        matches!(self, Argnums::Many(_))
+    }
+
+    /// The form `ad_dyn` carries: `""` for the first argument, `"=k"`
+    /// for argument `k` alone, `"i,j"` for a tuple.
+    pub fn encode(&self) -> String {
+        match self {
+            Argnums::One(0) => String::new(),
+            Argnums::One(k) => format!("={k}"),
+            Argnums::Many(v) => v
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+
+    /// The inverse of [`Argnums::encode`].
+    pub fn decode(s: &str) -> Result<Argnums, String> {
+        let bad = || format!("bad argnums `{s}`");
+        if s.is_empty() {
+            return Ok(Argnums::One(0));
+        }
+        if let Some(k) = s.strip_prefix('=') {
+            return k.parse().map(Argnums::One).map_err(|_| bad());
+        }
+        s.split(',')
+            .map(|a| a.trim().parse::<usize>().map_err(|_| bad()))
+            .collect::<Result<_, _>>()
+            .map(Argnums::Many)
+    }
+}
+
 /// What the user asked for.
 #[derive(Clone, Debug)]
 pub enum AdKind {
-    /// `grad(f)` (argnums `None`: the first argument's gradient alone) or
-    /// `grad(f, argnums = (..))` (a tuple); `value_and_grad` pairs the value.
-    Grad {
-        argnums: Option<Vec<usize>>,
-        with_value: bool,
-    },
+    /// `grad(f)` (the first argument's gradient), `grad(f, argnums = k)`
+    /// (argument `k`'s) or `grad(f, argnums = (..))` (a tuple of them);
+    /// `value_and_grad` pairs the value.
+    Grad { argnums: Argnums, with_value: bool },
     /// `vjp(f, x..)`: `(y, pullback)`.
     Vjp,
     /// `jvp(f, (x..), (dx..))`: `(y, dy)`.
@@ -440,7 +491,7 @@ impl<'a> Ad<'a> {
                     self.prim(t, Prim::OnesLike, &[y], loc)
                 };
                 let d = self.call(t, bp, &[one], loc);
-                let which: Vec<usize> = argnums.clone().unwrap_or_else(|| vec![0]);
+                let which: Vec<usize> = argnums.which();
                 let mut grads = Vec::new();
                 for &i in &which {
                     if i >= n {
@@ -466,7 +517,7 @@ impl<'a> Ad<'a> {
                     what: format!("`{}`", req.name),
                     loc,
                 });
-                let g = if argnums.is_some() {
+                let g = if argnums.tupled() {
                     self.prim(t, Prim::MakeTuple, &grads, loc)
                 } else {
                     grads[0]

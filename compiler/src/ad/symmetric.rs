@@ -31,17 +31,17 @@ use crate::ir::{Const, GraphId, GraphRole, Loc, NodeId};
 use crate::prim::Prim;
 
 /// A `grad` target the symmetric transforms apply to: its source and the
-/// differentiated argument positions (`None`: the first, not in a tuple).
+/// differentiated argument positions.
 #[derive(Clone, Debug)]
 pub(super) struct GradTarget {
     source: GraphId,
-    argnums: Option<Vec<usize>>,
+    argnums: super::Argnums,
 }
 
 impl GradTarget {
     /// The differentiated argument positions.
     fn which(&self) -> Vec<usize> {
-        self.argnums.clone().unwrap_or_else(|| vec![0])
+        self.argnums.which()
     }
 
     /// The target of `req`, if the transforms of it may use symmetry.
@@ -147,7 +147,7 @@ impl Ad<'_> {
         let mut ts = Vec::with_capacity(ps.len());
         for i in 0..ps.len() {
             let ti = match which.iter().position(|&k| k == i) {
-                Some(pos) if t.argnums.is_some() => self.get(rule, c, pos, loc),
+                Some(pos) if t.argnums.tupled() => self.get(rule, c, pos, loc),
                 Some(_) => c,
                 None => self.zero(rule, loc),
             };
@@ -182,7 +182,7 @@ impl Ad<'_> {
             let di = self.get(fg, d, i + 1, loc);
             parts.push(self.prim(fg, Prim::GradFinalize, &[di, ps[i]], loc));
         }
-        let tangent = if t.argnums.is_some() {
+        let tangent = if t.argnums.tupled() {
             self.prim(fg, Prim::MakeTuple, &parts, loc)
         } else {
             parts[0]

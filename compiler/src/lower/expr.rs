@@ -480,7 +480,7 @@ impl Lowerer<'_> {
         for a in &args[1..] {
             match &a.name {
                 Some(k) if k.name == "argnums" && which != "vjp" && which != "jvp" => {
-                    argnums = Some(static_ints(&a.value)?);
+                    argnums = Some(static_argnums(&a.value)?);
                 }
                 Some(k) => {
                     return Err(Diagnostic::error(
@@ -500,7 +500,7 @@ impl Lowerer<'_> {
                     ));
                 }
                 AdKind::Grad {
-                    argnums: argnums.clone(),
+                    argnums: argnums.clone().unwrap_or(crate::ad::Argnums::One(0)),
                     with_value: which == "value_and_grad",
                 }
             }
@@ -520,12 +520,7 @@ impl Lowerer<'_> {
             DiffTarget::Value(f) => {
                 // A function value: differentiated when the program runs.
                 self.dynamic_ad = true;
-                let nums = argnums
-                    .iter()
-                    .flatten()
-                    .map(|i| i.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",");
+                let nums = argnums.as_ref().map(|a| a.encode()).unwrap_or_default();
                 let args = [
                     f,
                     self.konst(Const::Str(which.into()), span),

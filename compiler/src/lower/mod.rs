@@ -683,8 +683,9 @@ fn positional_after_keyword(args: &[ast::Arg]) -> Option<Diagnostic> {
     )
 }
 
-/// `argnums = 1` or `argnums = (0, 2)`: ints written in the source.
-fn static_ints(e: &Expr) -> R<Vec<usize>> {
+/// `argnums = 1` (that argument's gradient alone, as in JAX) or
+/// `argnums = (0, 2)` (a tuple of gradients): ints written in the source.
+fn static_argnums(e: &Expr) -> R<crate::ad::Argnums> {
     let one = |x: &Expr| match &*x.kind {
         ExprKind::Int(i) if *i >= 0 => Ok(*i as usize),
         _ => Err(Diagnostic::error(
@@ -693,8 +694,12 @@ fn static_ints(e: &Expr) -> R<Vec<usize>> {
         )),
     };
     match &*e.kind {
-        ExprKind::Tuple(items) => items.iter().map(one).collect(),
-        _ => Ok(vec![one(e)?]),
+        ExprKind::Tuple(items) => items
+            .iter()
+            .map(one)
+            .collect::<R<_>>()
+            .map(crate::ad::Argnums::Many),
+        _ => one(e).map(crate::ad::Argnums::One),
     }
 }
 
