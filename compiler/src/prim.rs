@@ -507,7 +507,7 @@ impl Prim {
             Squeeze => BatchRule::Squeeze,
             Concat | Stack => BatchRule::Join,
             Take => BatchRule::Take,
-            ZerosLike | OnesLike | StopGradient => BatchRule::Like,
+            ZerosLike | OnesLike | GradSeed | StopGradient => BatchRule::Like,
             Shape | Size | DTypeOf => BatchRule::Query,
             Det | Slogdet | Cholesky | Eigh | Qr => BatchRule::Stacked,
             MakeTuple | TupleGet | TupleLen | MakeRecord | RecordGet | IsUnit | IsTuple | Fail

@@ -552,6 +552,15 @@ fn reindex(
             "size" => Ok(int(b.logical().iter().product::<usize>() as i64)),
             _ => kernel(ctx, &[x]),
         },
+        // `grad`'s seed checks what one lane sees, then is `ones_like`.
+        BatchRule::Like if name == "grad_seed" => {
+            if !b.logical().is_empty() || !b.t.dtype().is_float() {
+                let one = Tensor::zeros(b.t.dtype(), b.logical())?;
+                return crate::kernels::create::grad_seed(ctx, &[Value::Tensor(one)]);
+            }
+            let ones = crate::kernels::create::ones_like(ctx, &[x])?;
+            Ok(rewrap(&b.levels, ones))
+        }
         BatchRule::Like | BatchRule::Stacked => {
             let mut a = args.to_vec();
             a[0] = x;

@@ -483,13 +483,11 @@ impl<'a> Ad<'a> {
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
                 let (y, bp) = self.forward(t, jf, src, &ps, loc);
-                let one = if self.lift_source {
-                    // No type check runs on a request built at run time:
-                    // a result that is not a scalar is an error here.
-                    self.prim(t, Prim::GradSeed, &[y], loc)
-                } else {
-                    self.prim(t, Prim::OnesLike, &[y], loc)
-                };
+                // `ones_like(y)` that says, when `y` is not a float scalar,
+                // that `grad` needs one (inference meets it before the
+                // checks run, and no check runs on a request built at run
+                // time).
+                let one = self.prim(t, Prim::GradSeed, &[y], loc);
                 let d = self.call(t, bp, &[one], loc);
                 let which: Vec<usize> = argnums.which();
                 let mut grads = Vec::new();

@@ -164,7 +164,7 @@ impl Rewriter<'_> {
         let inputs = inputs.clone();
         let slot = match self.m.applied_prim(n) {
             Some(Prim::SumTo | Prim::GradFinalize) if inputs.len() == 3 => 2,
-            Some(Prim::ZerosLike | Prim::OnesLike) if inputs.len() == 2 => 1,
+            Some(Prim::ZerosLike | Prim::OnesLike | Prim::GradSeed) if inputs.len() == 2 => 1,
             _ => return,
         };
         let x = self.resolve(inputs[slot]);

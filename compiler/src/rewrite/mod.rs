@@ -289,7 +289,7 @@ impl Region {
             Meta::Map(op, ch)
         } else {
             match p {
-                Prim::ZerosLike | Prim::OnesLike if ins.len() == 1 => {
+                Prim::ZerosLike | Prim::OnesLike | Prim::GradSeed if ins.len() == 1 => {
                     let x = self.operand(m, types, ins[0]);
                     kids.push(Some(ins[0]));
                     if p == Prim::ZerosLike {
