@@ -266,6 +266,7 @@ impl Lowerer<'_> {
         let ps: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(w, format!("x{i}"), l))
             .collect();
+        self.jacobian_arg_check(ps[0], "jacobian", name, l);
         let mut inputs = vec![self.graph_ref(vjp, span)];
         inputs.extend(&ps);
         let r = self.m.add_apply(w, inputs, l);
@@ -290,6 +291,16 @@ impl Lowerer<'_> {
         self.graph_ref(w, span)
     }
 
+    /// The argument a Jacobian is taken with respect to must be made of
+    /// floats, as `grad`'s (JAX refuses ints too).
+    fn jacobian_arg_check(&mut self, x: NodeId, which: &str, name: &str, l: crate::ir::Loc) {
+        self.checks.push(Check::DiffArg {
+            node: x,
+            what: format!("the first argument of `{which}({name})`"),
+            loc: l,
+        });
+    }
+
     /// `jacfwd(f)`: the same Jacobian, one column per element of `x` by a
     /// mapped `jvp`.
     fn build_jacfwd(&mut self, g: GraphId, arity: usize, name: &str, span: Span) -> NodeId {
@@ -299,6 +310,7 @@ impl Lowerer<'_> {
         let ps: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(w, format!("x{i}"), l))
             .collect();
+        self.jacobian_arg_check(ps[0], "jacfwd", name, l);
         let primals = self.m.add_prim(w, Prim::MakeTuple, &ps, l);
         let k1 = self.konst(Const::Int(1), span);
         // One column: the output's tangent for a basis tangent of `x`.
