@@ -207,6 +207,9 @@ impl Repl {
         match first_word(input) {
             "fn" | "bprop" | "import" => self.define(input)?,
             "let" => self.bind(input, out)?,
+            // `z = 2.0`, `v[i] += 1.0`: a statement on a `let mut` of the
+            // session, kept like a `let` for the inputs that follow.
+            _ if is_assignment(input) => self.bind(input, out)?,
             _ => {
                 let v = self.eval(input, out)?;
                 print_value(&v, out);
@@ -1067,8 +1070,67 @@ pub fn run(mode: Mode) -> std::process::ExitCode {
     }
 }
 
+/// Whether `input` is an assignment statement: a name, optionally
+/// indexed (`v[i]`), then `=` (not `==`) or `+=`, `-=`, `*=`, `/=`.
+fn is_assignment(input: &str) -> bool {
+    let s = input.trim_start();
+    let name = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    if name == 0 || s.starts_with(|c: char| c.is_ascii_digit()) {
+        return false;
+    }
+    let mut rest = s[name..].trim_start();
+    if rest.starts_with('[') {
+        let mut depth = 0;
+        let mut end = None;
+        for (i, c) in rest.char_indices() {
+            match c {
+                '[' => depth += 1,
+                ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else { return false };
+        rest = rest[end + 1..].trim_start();
+    }
+    ["+=", "-=", "*=", "/="]
+        .iter()
+        .any(|op| rest.starts_with(op))
+        || (rest.starts_with('=') && !rest.starts_with("=="))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn assignments_are_told_from_expressions() {
+        for a in [
+            "z = 2.0",
+            "z = 2.0;",
+            "v[i] += 1.0",
+            "m[0, 1] = 3.0",
+            "acc *= 2.0",
+        ] {
+            assert!(super::is_assignment(a), "{a}");
+        }
+        for e in [
+            "z == 2.0",
+            "z",
+            "f(x) = 1",
+            "3 = 4",
+            "v[i] == 1.0",
+            "grad(f)(1.0)",
+        ] {
+            assert!(!super::is_assignment(e), "{e}");
+        }
+    }
+
     use super::*;
 
     #[test]

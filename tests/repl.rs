@@ -132,6 +132,16 @@ fn an_error_prints_a_diagnostic_and_the_session_goes_on() {
 }
 
 #[test]
+fn assignments_change_a_let_mut_of_the_session() {
+    // (An outside probe found `z = 2.0;` dropped without a word.)
+    let r = repl(
+        &[],
+        "let mut z = 1.0\nz = 2.0;\nz\nz += 3.0\nz\nlet mut v = [1.0, 2.0]\nv[1] = 5.0\nv\nz == 5.0\n",
+    );
+    assert_eq!(r.stdout, "2.0\n5.0\n[1.0, 5.0]\ntrue\n", "{r:?}");
+}
+
+#[test]
 fn unclosed_brackets_continue_the_input() {
     let r = repl(
         &[],
