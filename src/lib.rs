@@ -525,6 +525,9 @@ impl Session {
     /// there must be no arguments), with their abstract types.
     fn main_call(&self) -> Result<(Vec<Value>, Vec<AbsVal>), SessionError> {
         let program = self.program()?;
+        if let Some(g) = program.function("main").filter(|&g| program.arity(g) > 1) {
+            return Err(self.error(vec![program.main_params_error(g)]));
+        }
         let takes_args = program
             .function("main")
             .is_some_and(|g| program.arity(g) == 1);

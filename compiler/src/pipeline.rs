@@ -379,7 +379,8 @@ impl Program {
         })
     }
 
-    fn main_params_error(&self, entry: GraphId) -> Diagnostic {
+    /// The error for a `main` with more than one parameter, at `main`.
+    pub fn main_params_error(&self, entry: GraphId) -> Diagnostic {
         let loc = self.lowered.module.graph(entry).loc;
         Diagnostic::error(
             "`main` takes no parameters, or one: the command-line arguments (a tuple of strings)",
