@@ -301,12 +301,7 @@ fn run(
     if args.len() != graph.params.len() {
         return Err(InferError::new(
             graph.loc,
-            format!(
-                "function @{} expects {} arguments, got {}",
-                graph.name,
-                graph.params.len(),
-                args.len()
-            ),
+            arity_message(&graph.name, graph.params.len(), args.len()),
         ));
     }
     let captures: Arc<[AbsVal]> = Arc::new([]);
@@ -485,12 +480,7 @@ impl<'a> Interp<'a> {
         if args.len() != graph.params.len() {
             return Err(InferError::new(
                 site_loc,
-                format!(
-                    "function @{} expects {} arguments, got {}",
-                    graph.name,
-                    graph.params.len(),
-                    args.len()
-                ),
+                arity_message(&graph.name, graph.params.len(), args.len()),
             ));
         }
         let (args, captures) = self.widen(g, args, captures, speculative);
@@ -1295,4 +1285,39 @@ impl Calls for SiteCalls<'_, '_> {
         self.called.extend(ids);
         Ok(v)
     }
+}
+
+/// `f takes 2 arguments, but 1 was given`, with the callee named as the
+/// user wrote it: `grad(f)` for the graph lowering named `grad.f`, the
+/// pullback of a `vjp`, a lambda.
+fn arity_message(graph: &str, want: usize, got: usize) -> String {
+    let base = match graph.rsplit_once('.') {
+        Some((b, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => b,
+        _ => graph,
+    };
+    let transforms = [
+        "value_and_grad",
+        "grad",
+        "vmap",
+        "jacobian",
+        "jacfwd",
+        "hessian",
+    ];
+    let who = if let Some((t, f)) = transforms
+        .iter()
+        .find_map(|t| Some((*t, base.strip_prefix(t)?.strip_prefix('.')?)))
+    {
+        format!("`{t}({f})`")
+    } else if let Some(f) = base.strip_prefix("pullback.") {
+        format!("the pullback of `{f}`")
+    } else if base == "lambda" || base.ends_with(".lambda") {
+        "this lambda".to_string()
+    } else {
+        format!("`{base}`")
+    };
+    format!(
+        "{who} takes {want} argument{}, but {got} {} given",
+        if want == 1 { "" } else { "s" },
+        if got == 1 { "was" } else { "were" }
+    )
 }
