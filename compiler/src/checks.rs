@@ -48,6 +48,16 @@ pub enum Check {
         name: String,
         loc: crate::ir::Loc,
     },
+    /// `jvp(f, primals, tangents)`: `node` (the primals or the tangents,
+    /// `what`) must be a tuple of one value per parameter of `f`.
+    JvpTuple {
+        node: NodeId,
+        /// `f`'s graph (its parameters are known once lowering is done).
+        graph: crate::ir::GraphId,
+        what: &'static str,
+        name: String,
+        span: Span,
+    },
     /// `name` held `old` and is reassigned `new` at `span`.
     Assign {
         name: String,
@@ -201,6 +211,34 @@ pub fn run(
                     .with_note(
                         "a bprop returns a tuple with one cotangent per input, in order: `(dx,)` for one",
                     ),
+                );
+            }
+            Check::JvpTuple {
+                node,
+                graph,
+                what,
+                name,
+                span,
+            } => {
+                let Some(v) = value(m, types, *node) else {
+                    continue;
+                };
+                let len = &m.graph(*graph).params.len();
+                let got = match &v {
+                    AbsVal::Tuple(items) if items.len() == *len => continue,
+                    AbsVal::Tuple(items) => format!("{} of them", items.len()),
+                    AbsVal::Unknown | AbsVal::Bottom => continue,
+                    other => format!("{other}, not a tuple"),
+                };
+                out.push(
+                    Diagnostic::error(
+                        format!(
+                            "`jvp` of `{name}` takes a tuple of {len} {} (one per parameter), but got {got}",
+                            if *len == 1 { what.trim_end_matches('s') } else { what }
+                        ),
+                        *span,
+                    )
+                    .with_note("write `jvp(f, (x,), (dx,))` for a function of one parameter"),
                 );
             }
             Check::Assign {

@@ -539,6 +539,7 @@ impl Lowerer<'_> {
             }
         };
         let target = self.m.add_graph(format!("{which}.{name}"), loc(span));
+        let fname = name.clone();
         self.ad_requests.push(AdRequest {
             target,
             source,
@@ -551,8 +552,19 @@ impl Lowerer<'_> {
             return Ok(callee);
         }
         let mut vals = Vec::new();
-        for a in rest {
-            vals.push(self.lower_expr(module, cx, &a.value)?);
+        for (k, a) in rest.iter().enumerate() {
+            let v = self.lower_expr(module, cx, &a.value)?;
+            if which == "jvp" {
+                let what = if k == 0 { "primals" } else { "tangents" };
+                self.checks.push(Check::JvpTuple {
+                    node: v,
+                    graph: source,
+                    what,
+                    name: fname.clone(),
+                    span: a.value.span,
+                });
+            }
+            vals.push(v);
         }
         self.call(cx, callee, vals, false, span)
     }
