@@ -545,7 +545,7 @@ fn calling_errors() {
     let bad = ir.call(main, fr, &[p[0], p[0], p[0]]);
     ir.ret(main, bad);
     let err = ir.infer(main, &[t(F32, &[])]).unwrap_err();
-    assert_eq!(err.message, "function @f expects 2 arguments, got 3");
+    assert_eq!(err.message, "`f` takes 2 arguments, but 3 were given");
     assert_eq!(err.loc, ir.loc_of(bad));
 
     let (main2, p2) = ir.graph("main2", &["x"]);
@@ -567,7 +567,7 @@ fn calling_errors() {
     assert_eq!(err.loc, ir.loc_of(e));
 
     let err = ir.infer(main3, &[]).unwrap_err();
-    assert_eq!(err.message, "function @main3 expects 1 arguments, got 0");
+    assert_eq!(err.message, "`main3` takes 1 argument, but 0 were given");
 }
 
 #[test]
