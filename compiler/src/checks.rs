@@ -80,6 +80,13 @@ pub fn run(
 ) -> Vec<Diagnostic> {
     // The copies of each node, built when a check first needs them.
     let mut copies: Option<HashMap<NodeId, Vec<NodeId>>> = None;
+    // A node's type, or its copies' when only they ran.
+    let mut value_or_copies = |node: NodeId| {
+        value(m, types, node).or_else(|| {
+            let copies = copies.get_or_insert_with(|| copies_of(origin));
+            copy_value(types, copies, node)
+        })
+    };
     let mut out = Vec::new();
     for c in checks {
         match c {
@@ -157,10 +164,7 @@ pub fn run(
                 }
             }
             Check::ScalarOutput { node, what, loc } => {
-                let Some(v) = value(m, types, *node).or_else(|| {
-                    let copies = copies.get_or_insert_with(|| copies_of(origin));
-                    copy_value(types, copies, *node)
-                }) else {
+                let Some(v) = value_or_copies(*node) else {
                     continue;
                 };
                 let ok = match &v {
@@ -186,10 +190,7 @@ pub fn run(
                 name,
                 loc,
             } => {
-                let Some(v) = value(m, types, *node).or_else(|| {
-                    let copies = copies.get_or_insert_with(|| copies_of(origin));
-                    copy_value(types, copies, *node)
-                }) else {
+                let Some(v) = value_or_copies(*node) else {
                     continue;
                 };
                 let bad = match &v {
