@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh            # on a machine with an NVIDIA GPU
 #
 # 1. builds the release binary;
-# 2. runs every program of tests/programs/ that succeeds on the CPU again
+# 2. runs every program of tests/programs/ and examples/ that succeeds on the CPU again
 #    with --device cuda and compares the output: numbers within 1e-4
 #    relative (plus 1e-6 absolute, for values near zero), all other text
 #    exactly;
@@ -14,9 +14,17 @@
 #    PyTorch on the same GPU when PyTorch is installed or installable, and
 #    as a fraction of the GPU's memory bandwidth and peak FLOP/s.
 #
+# ADJOINT_BIN=path uses a binary built elsewhere instead of building one
+# (a GPU machine without Rust). When the loader cannot find NVRTC or
+# cuBLAS by the names the back end asks for (`libnvrtc.so`,
+# `libnvrtc.so.12`, ..), the script looks in the CUDA toolkit and in the
+# `nvidia-*` Python wheels and links what it finds into
+# target/gpu-check-libs.
+#
 # It stops with a message and status 2 when no GPU can be used, status 1
 # when a program's output differs. Meant to take under 5 minutes on one
-# GPU. Set SKIP_TORCH=1 to leave PyTorch out, TORCH_DIR to where PyTorch
+# GPU. Set SKIP_BENCH=1 for the parity check alone, SKIP_TORCH=1 to
+# leave PyTorch out, TORCH_DIR to where PyTorch
 # may be installed (default target/gpu-check-torch), GPU_PEAK_GBS and
 # GPU_PEAK_TFLOPS to the GPU's peak memory bandwidth (GB/s) and FP32
 # FLOP/s (TFLOP/s) when it is not in the script's table.
@@ -33,10 +41,41 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
     die "no NVIDIA GPU here (nvidia-smi is missing or lists no GPU)"
 fi
 
-echo "== build (release)"
-cargo build --release --quiet
-BIN="${CARGO_TARGET_DIR:-target}/release/adjoint"
+if [ -n "${ADJOINT_BIN:-}" ]; then
+    BIN="$ADJOINT_BIN"
+else
+    echo "== build (release)"
+    cargo build --release --quiet
+    BIN="${CARGO_TARGET_DIR:-target}/release/adjoint"
+fi
 [ -x "$BIN" ] || die "no binary at $BIN"
+mkdir -p target
+
+# NVRTC and cuBLAS under the names the back end asks for.
+find_lib() { # the newest lib$1.so* in the toolkit or the pip wheels
+    local dirs=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
+    local site
+    for site in $(python3 -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null); do
+        [ -d "$site/nvidia" ] && dirs+=("$site"/nvidia/*/lib "$site"/nvidia/*/*/lib)
+    done
+    for d in "${dirs[@]}"; do
+        ls "$d"/lib"$1".so* 2>/dev/null
+    done | sort -V | tail -1
+}
+SHIM="$PWD/target/gpu-check-libs"
+mkdir -p "$SHIM"
+for lib in nvrtc cublas; do
+    if ! ldconfig -p 2>/dev/null | grep -qE "lib$lib\.so(\.12)? "; then
+        f="$(find_lib "$lib")"
+        if [ -n "$f" ]; then
+            ln -sf "$f" "$SHIM/lib$lib.so"
+            export LD_LIBRARY_PATH="$SHIM:$(dirname "$f")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            echo "gpu-check: lib$lib from $f"
+        fi
+    fi
+done
+# for other tools run after this script (adjoint-fuzz --cuda)
+echo "export LD_LIBRARY_PATH='${LD_LIBRARY_PATH:-}'" >target/gpu-check-env.sh
 
 echo "== devices"
 "$BIN" devices | tee target/gpu-check-devices.txt

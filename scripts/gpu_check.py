@@ -71,30 +71,43 @@ def run(bin_, args, timeout=120):
     return p.returncode, p.stdout, p.stderr
 
 
+# Programs whose output is chaotic in rounding, with their own relative
+# tolerance: 1,350 f32 Adam steps with dropout amplify the last bits of
+# every product (on the CPU, eager and graph mode are 4% apart in the
+# epoch-30 loss; cuBLAS rounds differently again).
+LOOSE = {"examples/digits_mlp.adj": 0.1}
+
+
+def parity_one(bin_, path):
+    """(compared, failure or None) for one program."""
+    try:
+        rc, cpu, _ = run(bin_, ["run", path])
+    except subprocess.TimeoutExpired:
+        return False, None
+    if rc != 0:
+        return False, None  # programs that are meant to fail
+    try:
+        rc, gpu, err = run(bin_, ["run", path, "--device", "cuda"])
+    except subprocess.TimeoutExpired:
+        return True, "timed out on the GPU"
+    if rc != 0:
+        return True, "exit %d: %s" % (rc, err.strip()[:300])
+    ok, why = same(cpu, gpu, rel=LOOSE.get(path, 1e-4))
+    return True, None if ok else why
+
+
 def parity(bin_):
-    progs = sorted(f for f in os.listdir(os.path.join(ROOT, "tests", "programs")) if f.endswith(".adj"))
-    checked, failed = 0, []
-    for f in progs:
-        path = os.path.join("tests", "programs", f)
-        try:
-            rc, cpu, _ = run(bin_, ["run", path])
-        except subprocess.TimeoutExpired:
-            continue
-        if rc != 0:
-            continue  # programs that are meant to fail
-        try:
-            rc, gpu, err = run(bin_, ["run", path, "--device", "cuda"])
-        except subprocess.TimeoutExpired:
-            failed.append((f, "timed out on the GPU"))
-            continue
-        checked += 1
-        if rc != 0:
-            failed.append((f, "exit %d: %s" % (rc, err.strip()[:300])))
-            continue
-        ok, why = same(cpu, gpu)
-        if not ok:
-            failed.append((f, why))
-    print("parity: %d programs compared, %d differ" % (checked, len(failed)))
+    import concurrent.futures
+    progs = [os.path.join(d, f) for d in ("tests/programs", "examples")
+             for f in sorted(os.listdir(os.path.join(ROOT, d))) if f.endswith(".adj")]
+    jobs = int(os.environ.get("GPU_CHECK_JOBS", min(8, os.cpu_count() or 1)))
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(lambda f: (f,) + parity_one(bin_, f), progs))
+    checked = sum(1 for _, c, _ in results if c)
+    failed = [(f, why) for f, _, why in results if why]
+    print("parity: %d programs compared, %d differ (%.0f s, %d at a time)"
+          % (checked, len(failed), time.time() - t0, jobs))
     for f, why in failed:
         print("  %s: %s" % (f, why))
     return not failed
@@ -264,6 +277,8 @@ def main():
     bin_ = os.path.abspath(args.bin)
 
     ok = parity(bin_)
+    if os.environ.get("SKIP_BENCH") == "1":
+        sys.exit(0 if ok else 1)
 
     rc, devs, _ = run(bin_, ["devices"])
     name = next((l.split(": ", 1)[1].split(",")[0] for l in devs.splitlines() if l.startswith("cuda:0:")), "?")

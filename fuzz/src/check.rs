@@ -12,38 +12,65 @@ use std::time::{Duration, Instant};
 pub struct Config {
     pub name: &'static str,
     pub mode: &'static str,
+    /// Extra arguments of `adjoint run`.
+    pub args: &'static [&'static str],
+    /// Relative tolerance when this configuration's output is compared
+    /// with another's: 1e-12 on the CPU (the same operations, maybe in
+    /// another order); looser on the GPU, whose `exp`, `log`, `tanh`, ..
+    /// may differ from the CPU's libm in the last bits, which cancellation
+    /// can magnify. A wrong value is off by far more.
+    pub rel: f64,
     pub env: &'static [(&'static str, &'static str)],
 }
 
-pub const CONFIGS: [Config; 5] = [
+pub const CONFIGS: [Config; 6] = [
     Config {
         name: "eager",
         mode: "eager",
+        args: &[],
+        rel: 1e-12,
         env: &[],
     },
     Config {
         name: "graph",
         mode: "graph",
+        args: &[],
+        rel: 1e-12,
         env: &[],
     },
     Config {
         name: "graph+NO_SCALAR_JIT",
         mode: "graph",
+        args: &[],
+        rel: 1e-12,
         env: &[("ADJOINT_NO_SCALAR_JIT", "1")],
     },
     Config {
         name: "graph+NO_TAPE",
         mode: "graph",
+        args: &[],
+        rel: 1e-12,
         env: &[("ADJOINT_NO_TAPE", "1")],
     },
     Config {
         name: "graph+NO_SIDE_OUTPUTS",
         mode: "graph",
+        args: &[],
+        rel: 1e-12,
         env: &[("ADJOINT_NO_SIDE_OUTPUTS", "1")],
+    },
+    Config {
+        name: "graph+cuda",
+        mode: "graph",
+        args: &["--device", "cuda"],
+        rel: 1e-7,
+        env: &[],
     },
 ];
 pub const EAGER: usize = 0;
 pub const GRAPH: usize = 1;
+/// Graph mode with the fused kernels on the GPU (`--cuda`).
+pub const CUDA: usize = 5;
 
 #[derive(Clone, Debug)]
 pub struct CheckOpts {
@@ -289,7 +316,8 @@ fn compare(a: &Lines, b: &Lines, an: &str, bn: &str, ai: usize, bi: usize) -> Op
         }
         let (fa, fb) = (va.flat(), vb.flat());
         for (i, (x, y)) in fa.iter().zip(&fb).enumerate() {
-            if !close(*x, *y, 1e-12, 1e-12) {
+            let rel = CONFIGS[ai].rel.max(CONFIGS[bi].rel);
+            if !close(*x, *y, rel, rel) {
                 return Some(Failure {
                     class: format!("value mismatch {an} vs {bn} [{}]", label_group(la)),
                     detail: format!(
@@ -629,7 +657,9 @@ pub fn check_program(
     let mut runs: Vec<(usize, RunOut)> = Vec::new();
     for &c in configs {
         let cfg = &CONFIGS[c];
-        let r = run_adjoint(opts, &["run", file, "--mode", cfg.mode], cfg.env, dir);
+        let mut args = vec!["run", file, "--mode", cfg.mode];
+        args.extend_from_slice(cfg.args);
+        let r = run_adjoint(opts, &args, cfg.env, dir);
         runs.push((c, r));
     }
     out.run_secs = start.elapsed().as_secs_f64();

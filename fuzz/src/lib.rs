@@ -12,7 +12,7 @@ pub mod rng;
 pub mod shrink;
 pub mod value;
 
-use check::{check_program, CheckOpts, Failure, Outcome, CONFIGS, EAGER, GRAPH};
+use check::{check_program, CheckOpts, Failure, Outcome, CONFIGS, CUDA, EAGER, GRAPH};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -60,6 +60,12 @@ pub struct Options {
     /// With `Switches::Rotate`: a switch configuration on every k-th
     /// program only.
     pub switch_every: u64,
+    /// Also run every program in graph mode on the GPU (`--device cuda`)
+    /// and compare.
+    pub cuda: bool,
+    /// Start no program after this many seconds (the programs started
+    /// finish; the ones run are still `start..start + n`).
+    pub max_secs: Option<f64>,
 }
 
 impl Options {
@@ -81,6 +87,8 @@ impl Options {
             small: false,
             compile_every: 1,
             switch_every: 1,
+            cuda: false,
+            max_secs: None,
         }
     }
 
@@ -95,6 +103,9 @@ impl Options {
                 }
             }
             Switches::None => {}
+        }
+        if self.cuda {
+            c.push(CUDA);
         }
         c
     }
@@ -327,6 +338,12 @@ pub fn run(opts: &Options) -> Summary {
                 let dir = opts.out.join(format!("work-{}-{w}", std::process::id()));
                 let _ = std::fs::create_dir_all(&dir);
                 loop {
+                    if opts
+                        .max_secs
+                        .is_some_and(|m| start.elapsed().as_secs_f64() >= m)
+                    {
+                        break;
+                    }
                     let k = next.fetch_add(1, Ordering::SeqCst);
                     let Some(&index) = indices.get(k) else { break };
                     let prog = gen::generate_sized(opts.seed, index, opts.small);
@@ -484,4 +501,34 @@ pub fn run(opts: &Options) -> Summary {
 /// The configuration names, for help texts.
 pub fn config_names() -> Vec<&'static str> {
     CONFIGS.iter().map(|c| c.name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_runs_every_program_on_the_gpu_too() {
+        let mut o = Options::new(PathBuf::from("adjoint"));
+        o.switches = Switches::None;
+        assert_eq!(o.configs_for(3), vec![EAGER, GRAPH]);
+        o.cuda = true;
+        assert_eq!(o.configs_for(3), vec![EAGER, GRAPH, CUDA]);
+        assert_eq!(CONFIGS[CUDA].args, ["--device", "cuda"]);
+        // the GPU's own transcendental functions: a looser comparison
+        assert!(CONFIGS[CUDA].rel > CONFIGS[GRAPH].rel);
+    }
+
+    #[test]
+    fn a_spent_time_budget_starts_no_program() {
+        let dir = std::env::temp_dir().join(format!("adjoint-fuzz-budget-{}", std::process::id()));
+        let mut o = Options::new(PathBuf::from("/nonexistent/adjoint"));
+        o.out = dir.clone();
+        o.count = 50;
+        o.max_secs = Some(0.0);
+        let s = run(&o);
+        assert_eq!(s.programs, 0);
+        assert!(s.failing.is_empty());
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -11,6 +11,8 @@ usage: adjoint-fuzz [OPTIONS]
 
   --seed S               run seed (default 1)
   --count N              number of programs (default 100)
+  --max-secs T           start no program after T seconds (those started
+                         finish, then the summary prints)
   --start K              index of the first program (default 0): a campaign
                          of one seed can run in chunks
   --jobs J               programs run in parallel (default 2)
@@ -26,6 +28,8 @@ usage: adjoint-fuzz [OPTIONS]
                          which ADJOINT_NO_* configurations run besides eager and
                          graph: all three, one in turn, or none (default all)
   --timeout T            kill a run after T seconds (default 10)
+  --cuda                 also run each program with --device cuda (graph
+                         mode, fused kernels on the GPU) and compare
   --small                smaller programs (faster compiles; other programs)
   --compile-every K      time `adjoint check` on every K-th program only
   --switch-every K       with --switches rotate: on every K-th program only
@@ -110,6 +114,8 @@ fn main() -> ExitCode {
             "--mode" => mode = val(&mut i, &a),
             "-v" | "--verbose" => opts.verbose = true,
             "--small" => opts.small = true,
+            "--cuda" => opts.cuda = true,
+            "--max-secs" => opts.max_secs = Some(num(&val(&mut i, &a), &a)),
             "--switch-every" => opts.switch_every = num(&val(&mut i, &a), &a),
             "--compile-every" => opts.compile_every = num(&val(&mut i, &a), &a),
             "-h" | "--help" => {
@@ -144,6 +150,20 @@ fn main() -> ExitCode {
             opts.adjoint.display()
         );
         return ExitCode::from(2);
+    }
+    if opts.cuda {
+        // One check up front, rather than one failure per program.
+        let devices = std::process::Command::new(&opts.adjoint)
+            .arg("devices")
+            .output();
+        let text = match &devices {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Err(e) => e.to_string(),
+        };
+        if !text.lines().any(|l| l.starts_with("cuda:0:")) {
+            eprintln!("adjoint-fuzz: --cuda needs a GPU that adjoint can use; `adjoint devices` says:\n{text}");
+            return ExitCode::from(2);
+        }
     }
     let summary = run(&opts);
     summary.print();
