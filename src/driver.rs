@@ -19,12 +19,12 @@ fn arg_expr(text: &str) -> Result<(String, bool), String> {
     let Some(e) = e.filter(|_| diags.is_empty()) else {
         return Err(format!("cannot read argument `{text}`: expected a number, a tensor literal such as [1.0, 2.0], or a .npy path"));
     };
-    let is_int = match &*e.kind {
-        ast::ExprKind::Int(_) | ast::ExprKind::Bool(_) => true,
+    let no_derivative = match &*e.kind {
+        ast::ExprKind::Int(_) | ast::ExprKind::Bool(_) | ast::ExprKind::Str(_) => true,
         ast::ExprKind::Unary { operand, .. } => matches!(*operand.kind, ast::ExprKind::Int(_)),
         _ => false,
     };
-    Ok((format!("({text})"), !is_int))
+    Ok((format!("({text})"), !no_derivative))
 }
 
 /// Checks that `file` defines `function` with `n` parameters.

@@ -478,8 +478,11 @@ fn grad_and_check_grad() {
         assert_fails(&r, "", &[msg]);
         assert_eq!(r.stderr.lines().count(), 1, "{args:?}: {r:?}");
     }
-    // an argument of the wrong type is located in the program
+    // a string is not differentiated
     let r = adjoint(&d, &["grad", "g.adj", "square", "--at", "\"s\""]);
+    assert_fails(&r, "", &["no float argument"]);
+    // an argument of the wrong type is located in the program
+    let r = adjoint(&d, &["grad", "g.adj", "square", "--at", "(1.0, 2.0)"]);
     assert_fails(&r, "", &["g.adj:1:16"]);
 }
 

@@ -28,6 +28,8 @@ pub enum Check {
         len: usize,
         span: Span,
     },
+    /// `for x in t` iterates over a tuple `t` (`node`).
+    ForTuple { node: NodeId, span: Span },
     /// A differentiated argument must be made of floats.
     DiffArg {
         node: NodeId,
@@ -148,6 +150,26 @@ pub fn run(
                     format!("this pattern expects a tuple of {len}, but the value is {got}"),
                     *span,
                 ));
+            }
+            Check::ForTuple { node, span } => {
+                let Some(v) = value(m, types, *node) else {
+                    continue;
+                };
+                let hint = match &v {
+                    AbsVal::Tuple(_) | AbsVal::Unknown | AbsVal::Zero | AbsVal::Bottom => continue,
+                    AbsVal::Tensor(t) if !t.shape.is_empty() => format!(
+                        "; to visit a tensor's elements along its first axis, loop over indices: `for i in 0..{} {{ let x = v[i]; .. }}`",
+                        t.shape[0]
+                    ),
+                    _ => String::new(),
+                };
+                out.push(
+                    Diagnostic::error(
+                        format!("`for x in ..` iterates over a tuple, but this is {v}"),
+                        *span,
+                    )
+                    .with_note(format!("`for i in a..b` counts; `for x in (a, b, c)` visits a tuple's elements{hint}")),
+                );
             }
             Check::DiffArg { node, what, loc } => {
                 let Some(v) = value(m, types, *node) else {

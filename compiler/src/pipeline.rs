@@ -287,7 +287,7 @@ impl Program {
         entry: GraphId,
         args: &[crate::infer::AbsVal],
     ) -> Result<crate::infer::Types, Vec<Diagnostic>> {
-        use crate::infer::{infer_module_with, InferOptions};
+        use crate::infer::{infer_module_partial, InferOptions};
         let m = &self.lowered.module;
         if self.arity(entry) != args.len() {
             return Err(vec![self.arity_error(entry, args.len())]);
@@ -298,8 +298,27 @@ impl Program {
             internal_files: &internal,
             ..InferOptions::default()
         };
-        let types = infer_module_with(m, entry, &args, &opts)
-            .map_err(|e| vec![infer_diagnostic(&e, self.root)])?;
+        let types = match infer_module_partial(m, entry, &args, &opts) {
+            Ok(t) => t,
+            Err((e, partial)) => {
+                // A check that explains the mistake (a `jvp` given too few
+                // tangents, a `bprop` rule returning a bare value) beats
+                // the message of the operation it broke.
+                let explained = partial.map_or_else(Vec::new, |t| {
+                    crate::checks::run(
+                        &self.lowered.checks,
+                        m,
+                        &t,
+                        &self.lowered.ad_provenance.origin,
+                    )
+                });
+                return Err(if explained.is_empty() {
+                    vec![infer_diagnostic(&e, self.root)]
+                } else {
+                    explained
+                });
+            }
+        };
         let failed = crate::checks::run(
             &self.lowered.checks,
             m,

@@ -243,8 +243,25 @@ pub fn infer_module_with(
     args: &[AbsVal],
     opts: &InferOptions,
 ) -> Result<Types, InferError> {
+    infer_module_partial(m, entry, args, opts).map_err(|(e, _)| e)
+}
+
+/// [`infer_module_with`], which on an error also gives what inference
+/// had found before it: the values of the nodes evaluated so far, in
+/// every specialisation made (none after an internal error). Checks that
+/// explain a mistake better than the operation it broke read them
+/// (`checks::run`).
+pub fn infer_module_partial(
+    m: &Module,
+    entry: GraphId,
+    args: &[AbsVal],
+    opts: &InferOptions,
+) -> Result<Types, (InferError, Option<Types>)> {
     if entry.index() >= m.graphs.len() {
-        return Err(InferError::new(Loc::NONE, format!("no graph {entry}")));
+        return Err((
+            InferError::new(Loc::NONE, format!("no graph {entry}")),
+            None,
+        ));
     }
     let message = |panic: Box<dyn std::any::Any + Send>| {
         let what = panic
@@ -252,9 +269,12 @@ pub fn infer_module_with(
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_default();
-        Err(InferError::new(
-            m.graph(entry).loc,
-            format!("internal error in type inference: {what}"),
+        Err((
+            InferError::new(
+                m.graph(entry).loc,
+                format!("internal error in type inference: {what}"),
+            ),
+            None,
         ))
     };
     // On a compiler thread with room to spare, in place: a new thread's
@@ -280,7 +300,7 @@ fn run(
     args: &[AbsVal],
     opts: &InferOptions,
     max_depth: usize,
-) -> Result<Types, InferError> {
+) -> Result<Types, (InferError, Option<Types>)> {
     let mut interp = Interp {
         m,
         opts,
@@ -296,25 +316,35 @@ fn run(
         speculating: false,
         epoch: 0,
         escaped: RefCell::new(HashSet::default()),
+        partial: HashMap::default(),
     };
     let graph = m.graph(entry);
     if args.len() != graph.params.len() {
-        return Err(InferError::new(
-            graph.loc,
-            arity_message(&graph.name, graph.params.len(), args.len()),
+        return Err((
+            InferError::new(
+                graph.loc,
+                arity_message(&graph.name, graph.params.len(), args.len()),
+            ),
+            None,
         ));
     }
     let captures: Arc<[AbsVal]> = Arc::new([]);
     if !interp.fv.get(entry).is_empty() {
-        return Err(InferError::new(
-            graph.loc,
-            format!(
-                "internal error: entry graph @{} has free variables",
-                graph.name
+        return Err((
+            InferError::new(
+                graph.loc,
+                format!(
+                    "internal error: entry graph @{} has free variables",
+                    graph.name
+                ),
             ),
+            None,
         ));
     }
-    let (_, id) = interp.call_graph(entry, args.to_vec(), captures, None)?;
+    let (_, id) = match interp.call_graph(entry, args.to_vec(), captures, None) {
+        Ok(r) => r,
+        Err(e) => return Err((e, interp.finish_partial())),
+    };
     let (general, covered) = interp.type_hidden_closures(id);
     Ok(interp.finish(id, &general, covered))
 }
@@ -378,6 +408,9 @@ struct Interp<'a> {
     /// Graphs of closures that inference lost track of (see
     /// [`Types::is_escaped`]).
     escaped: RefCell<HashSet<GraphId>>,
+    /// For the specialisations whose evaluation failed: the values of the
+    /// nodes evaluated before the error (see [`infer_module_partial`]).
+    partial: HashMap<usize, HashMap<NodeId, AbsVal>>,
 }
 
 impl<'a> Interp<'a> {
@@ -660,29 +693,46 @@ impl<'a> Interp<'a> {
         }
         let mut calls = HashMap::default();
         let body = self.body(g);
-        for &n in body.iter() {
-            let (v, called) = self.eval_apply(n, &values)?;
-            self.check_size(n, &v)?;
-            if !called.is_empty() {
-                calls.insert(n, called);
+        let dead = self.dead(g);
+        let result = self
+            .eval_nodes(&body, false, &mut values, &mut calls)
+            .and_then(|_| self.value_of(out, &values, g))
+            // Dead code is typed too: its errors are errors, and later
+            // checks (the dtype of reassigned variables) read its types.
+            .and_then(|r| {
+                self.eval_nodes(&dead, true, &mut values, &mut calls)
+                    .map(|_| r)
+            });
+        match result {
+            Ok(r) => Ok((r, values, calls)),
+            Err(e) => {
+                self.partial.insert(id, values);
+                Err(e)
             }
-            values.insert(n, v);
         }
-        let result = self.value_of(out, &values, g)?;
-        // Dead code is typed too: its errors are errors, and later checks
-        // (the dtype of reassigned variables) read its types.
-        for &n in self.dead(g).iter() {
-            if !self.inputs_available(n, &values) {
+    }
+
+    /// Evaluates `nodes` in order into `values` (with the calls each
+    /// made); with `if_available`, skips a node whose inputs have no value.
+    fn eval_nodes(
+        &mut self,
+        nodes: &[NodeId],
+        if_available: bool,
+        values: &mut HashMap<NodeId, AbsVal>,
+        calls: &mut HashMap<NodeId, Vec<SpecId>>,
+    ) -> Result<(), InferError> {
+        for &n in nodes {
+            if if_available && !self.inputs_available(n, values) {
                 continue;
             }
-            let (v, called) = self.eval_apply(n, &values)?;
+            let (v, called) = self.eval_apply(n, values)?;
             self.check_size(n, &v)?;
             if !called.is_empty() {
                 calls.insert(n, called);
             }
             values.insert(n, v);
         }
-        Ok((result, values, calls))
+        Ok(())
     }
 
     /// Rejects a value with more than [`MAX_VALUE_PARTS`] parts.
@@ -1136,6 +1186,7 @@ impl<'a> Interp<'a> {
                     }
                     Err(_) => {
                         failed.insert(graph);
+                        self.partial.clear();
                         self.specs.truncate(before);
                         self.cache.retain(|_, id| *id < before);
                         for e in &mut self.specs {
@@ -1184,6 +1235,19 @@ impl<'a> Interp<'a> {
     /// Builds the result table: the specialisations reachable from the
     /// entry (and from `general`, see [`Self::type_hidden_closures`])
     /// through calls, renumbered in order of discovery.
+    /// What was found before an error: every specialisation made, with
+    /// the values its last evaluation reached.
+    fn finish_partial(mut self) -> Option<Types> {
+        if self.specs.is_empty() {
+            return None;
+        }
+        for (id, values) in std::mem::take(&mut self.partial) {
+            self.specs[id].spec.values.extend(values);
+        }
+        let all: Vec<usize> = (0..self.specs.len()).collect();
+        Some(self.finish_in(all, HashSet::default()))
+    }
+
     fn finish(self, entry: usize, general: &[usize], covered: HashSet<GraphId>) -> Types {
         let mut roots = vec![entry];
         for &g in general {
@@ -1192,6 +1256,12 @@ impl<'a> Interp<'a> {
             }
         }
         let order = self.reachable_specs(&roots);
+        self.finish_in(order, covered)
+    }
+
+    /// Types of the specialisations `order` (the entry's first), numbered
+    /// in that order.
+    fn finish_in(self, order: Vec<usize>, covered: HashSet<GraphId>) -> Types {
         let new_id: HashMap<usize, u32> = order
             .iter()
             .enumerate()

@@ -30,4 +30,7 @@ pub mod rules;
 
 pub use domain::{join, parse_types, AbsTensor, AbsVal, Closure};
 pub use error::InferError;
-pub use eval::{infer_module, infer_module_with, InferOptions, LoadTypeFn, Spec, SpecId, Types};
+pub use eval::{
+    infer_module, infer_module_partial, infer_module_with, InferOptions, LoadTypeFn, Spec, SpecId,
+    Types,
+};

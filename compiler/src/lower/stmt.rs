@@ -410,8 +410,12 @@ impl Lowerer<'_> {
                 let hi = self.lower_expr(module, cx, hi)?;
                 (lo, hi, None)
             }
-            ast::ForIter::Expr(t) => {
-                let t = self.lower_expr(module, cx, t)?;
+            ast::ForIter::Expr(e) => {
+                let t = self.lower_expr(module, cx, e)?;
+                self.checks.push(crate::checks::Check::ForTuple {
+                    node: t,
+                    span: e.span,
+                });
                 let lo = self.konst(Const::Int(0), span);
                 let hi = self.prim(cx, Prim::TupleLen, &[t], span);
                 (lo, hi, Some(t))
