@@ -28,6 +28,11 @@ pub enum Check {
         len: usize,
         span: Span,
     },
+    /// `einsum`: each operand (`node`, written at `span`) has one axis per
+    /// letter of its subscripts, and a letter has one size throughout.
+    Einsum {
+        operands: Vec<(NodeId, Vec<char>, Span)>,
+    },
     /// `for x in t` iterates over a tuple `t` (`node`).
     ForTuple { node: NodeId, span: Span },
     /// A differentiated argument must be made of floats.
@@ -150,6 +155,46 @@ pub fn run(
                     format!("this pattern expects a tuple of {len}, but the value is {got}"),
                     *span,
                 ));
+            }
+            Check::Einsum { operands } => {
+                let mut sizes: Vec<(char, usize, usize)> = Vec::new();
+                'operands: for (k, (node, letters, span)) in operands.iter().enumerate() {
+                    let Some(AbsVal::Tensor(t)) = value(m, types, *node) else {
+                        continue;
+                    };
+                    if t.shape.len() != letters.len() {
+                        let named: String = letters.iter().collect();
+                        out.push(Diagnostic::error(
+                            format!(
+                                "einsum: operand {} is {}, of rank {}, but its subscripts `{named}` name {} ax{}",
+                                k + 1,
+                                AbsVal::Tensor(t.clone()),
+                                t.shape.len(),
+                                letters.len(),
+                                if letters.len() == 1 { "is" } else { "es" }
+                            ),
+                            *span,
+                        ));
+                        break;
+                    }
+                    for (c, n) in letters.iter().zip(&t.shape) {
+                        match sizes.iter().find(|(d, _, _)| d == c) {
+                            Some((_, size, at)) if size != n => {
+                                out.push(Diagnostic::error(
+                                    format!(
+                                        "einsum: `{c}` is {size} long in operand {} but {n} long in operand {}",
+                                        at + 1,
+                                        k + 1
+                                    ),
+                                    *span,
+                                ));
+                                break 'operands;
+                            }
+                            Some(_) => {}
+                            None => sizes.push((*c, *n, k)),
+                        }
+                    }
+                }
             }
             Check::ForTuple { node, span } => {
                 let Some(v) = value(m, types, *node) else {

@@ -110,8 +110,10 @@ impl Lowerer<'_> {
             }
         }
         let mut product: Option<NodeId> = None;
+        let mut operands = Vec::new();
         for (a, letters) in args[1..].iter().zip(&spec.inputs) {
             let x = self.lower_expr(module, cx, &a.value)?;
+            operands.push((x, letters.clone(), a.value.span));
             let pos: Vec<usize> = letters
                 .iter()
                 .map(|c| {
@@ -143,6 +145,7 @@ impl Lowerer<'_> {
                 Some(p) => self.prim(cx, Prim::Mul, &[p, v], span),
             });
         }
+        self.checks.push(crate::checks::Check::Einsum { operands });
         let mut r = product.expect("einsum has an operand");
         if order.len() > spec.output.len() {
             let axes: Vec<NodeId> = (spec.output.len()..order.len())

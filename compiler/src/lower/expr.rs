@@ -386,10 +386,10 @@ impl Lowerer<'_> {
                         return Ok(self.prim(cx, Prim::Cast, &[x[0], dt], span));
                     }
                     if DIFF_NAMES.contains(&n.as_str()) {
-                        return self.lower_diff(module, cx, n, args, span);
+                        return self.lower_diff(module, cx, n, args, span, Called::AsDefined);
                     }
                     if vmap::VMAP_NAMES.contains(&n.as_str()) {
-                        return self.lower_vmap(module, cx, n, args, span);
+                        return self.lower_vmap(module, cx, n, args, span, None);
                     }
                     if n == "einsum" {
                         return self.lower_einsum(module, cx, args, span);
@@ -440,7 +440,27 @@ impl Lowerer<'_> {
                 }
             }
         }
-        let f = self.lower_expr(module, cx, callee)?;
+        // `jacobian(f)(x)`: the transform learns how many arguments its
+        // result gets (for `f`'s defaults).
+        let mut transformed = None;
+        if let ExprKind::Call {
+            callee: inner,
+            args: inner_args,
+        } = &*callee.kind
+        {
+            if let ExprKind::Name(d) = &*inner.kind {
+                if vmap::VMAP_NAMES.contains(&d.as_str()) && d != "hvp" && self.lookup(d).is_none()
+                {
+                    let n = args.iter().filter(|a| a.name.is_none()).count();
+                    transformed =
+                        Some(self.lower_vmap(module, cx, d, inner_args, callee.span, Some(n))?);
+                }
+            }
+        }
+        let f = match transformed {
+            Some(f) => f,
+            None => self.lower_expr(module, cx, callee)?,
+        };
         let mut vals = Vec::new();
         for a in args {
             if let Some(k) = &a.name {
@@ -459,7 +479,9 @@ impl Lowerer<'_> {
     }
 
     /// `grad(f, argnums = ..)`, `value_and_grad(f, ..)` (function values),
-    /// `vjp(f, x..)` and `jvp(f, (x..), (dx..))` (calls).
+    /// `vjp(f, x..)` and `jvp(f, (x..), (dx..))` (calls). For `grad` and
+    /// `value_and_grad`, `called` says how the gradient will be called
+    /// (see [`Self::resolve_fn_called`]).
     pub(super) fn lower_diff(
         &mut self,
         module: usize,
@@ -467,6 +489,7 @@ impl Lowerer<'_> {
         which: &str,
         args: &[ast::Arg],
         span: Span,
+        called: Called,
     ) -> R<NodeId> {
         let Some(first) = args.first().filter(|a| a.name.is_none()) else {
             return Err(Diagnostic::error(
@@ -474,7 +497,17 @@ impl Lowerer<'_> {
                 span,
             ));
         };
-        let target_fn = self.resolve_fn(module, cx, &first.value)?;
+        let called = match which {
+            "vjp" => Called::With(Some(
+                args.iter().skip(1).filter(|a| a.name.is_none()).count(),
+            )),
+            "jvp" => Called::With(args.get(1).and_then(|a| match &*a.value.kind {
+                ExprKind::Tuple(items) => Some(items.len()),
+                _ => None,
+            })),
+            _ => called,
+        };
+        let target_fn = self.resolve_fn_called(module, cx, &first.value, called)?;
         let mut argnums = None;
         let mut rest = Vec::new();
         for a in &args[1..] {
@@ -569,6 +602,23 @@ impl Lowerer<'_> {
         self.call(cx, callee, vals, false, span)
     }
 
+    /// The definition of the function `e` names, a global or local one or
+    /// a module's member (`nn.mlp`).
+    fn named_fn_def(&mut self, module: usize, e: &Expr) -> Option<Rc<FnDef>> {
+        if let ExprKind::Field { base, name } = &*e.kind {
+            let ExprKind::Name(m) = &*base.kind else {
+                return None;
+            };
+            if self.lookup(m).is_some() {
+                return None;
+            }
+            let target = self.mods[module].imports.get(m).copied()?;
+            let key = self.module_member(target, m, name).ok()?;
+            return Some(self.fn_def(key));
+        }
+        self.static_fn_def(module, e)
+    }
+
     /// The definition of a function named by `e`, when it is one (for
     /// keyword arguments and defaults).
     pub(super) fn static_fn_def(&self, module: usize, e: &Expr) -> Option<Rc<FnDef>> {
@@ -586,6 +636,75 @@ impl Lowerer<'_> {
     /// compile time (a function name, a lambda, a module member, another
     /// `grad(..)`), or else the function value `e` evaluates to.
     pub(super) fn resolve_fn(&mut self, module: usize, cx: &mut Cx, e: &Expr) -> R<DiffTarget> {
+        self.resolve_fn_called(module, cx, e, Called::AsDefined)
+    }
+
+    /// [`Self::resolve_fn`] for a transform whose result is called with
+    /// `called` positional arguments: a function with default parameters
+    /// becomes a lambda of that many (its required ones when the count is
+    /// not known) that calls it, so that `jacobian(softmax)(x)` and
+    /// `vmap(nn.mlp, in_axes = (None, 0))(p, x)` use the defaults as a
+    /// direct call would.
+    pub(super) fn resolve_fn_called(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        e: &Expr,
+        called: Called,
+    ) -> R<DiffTarget> {
+        if let (Called::With(_), ExprKind::Call { callee, args }) = (called, &*e.kind) {
+            if let ExprKind::Name(d) = &*callee.kind {
+                if (d == "grad" || d == "value_and_grad") && self.lookup(d).is_none() {
+                    let node = self.lower_diff(module, cx, d, args, e.span, called)?;
+                    return Ok(match self.m.as_const(node) {
+                        Some(Const::Graph(g)) => DiffTarget::Static(*g, "fn".to_string()),
+                        _ => DiffTarget::Value(node),
+                    });
+                }
+            }
+        }
+        if let (Called::With(n), Some(def)) = (called, self.named_fn_def(module, e)) {
+            let required = def.params.iter().filter(|p| p.default.is_none()).count();
+            let total = def.params.len();
+            let keep = n.unwrap_or(required).clamp(required, total);
+            if keep < total {
+                let span = e.span;
+                let names: Vec<String> = (0..keep).map(|i| format!("__default_arg{i}")).collect();
+                let params = names
+                    .iter()
+                    .map(|n| ast::Param {
+                        name: ast::Ident {
+                            name: n.clone(),
+                            span,
+                        },
+                        ty: None,
+                        default: None,
+                        span,
+                    })
+                    .collect();
+                let args = names
+                    .iter()
+                    .map(|n| ast::Arg {
+                        name: None,
+                        span,
+                        value: Expr::new(ExprKind::Name(n.clone()), span),
+                    })
+                    .collect();
+                let body = Expr::new(
+                    ExprKind::Call {
+                        callee: e.clone(),
+                        args,
+                    },
+                    span,
+                );
+                let lambda = Expr::new(ExprKind::Lambda { params, body }, span);
+                let name = def.name.name.clone();
+                return Ok(match self.resolve_fn(module, cx, &lambda)? {
+                    DiffTarget::Static(g, _) => DiffTarget::Static(g, name),
+                    v => v,
+                });
+            }
+        }
         let io = |n: &str| {
             let mut d = Diagnostic::error(
                 format!("IO inside differentiated code: `{n}` prints or reads/writes files"),

@@ -88,6 +88,16 @@ pub struct Lowered {
 type R<T> = Result<T, Diagnostic>;
 
 /// What `grad(f)` and friends differentiate.
+/// How a transformed function will be called (see
+/// [`Lowerer::resolve_fn_called`]).
+#[derive(Clone, Copy, Debug)]
+enum Called {
+    /// With every parameter of the function's definition.
+    AsDefined,
+    /// With this many positional arguments, when known.
+    With(Option<usize>),
+}
+
 enum DiffTarget {
     /// A function known at compile time, with its name for messages.
     Static(GraphId, String),

@@ -80,6 +80,8 @@ impl Lowerer<'_> {
 
     /// `vmap(..)`, `jacobian(..)`, `jacrev(..)`, `jacfwd(..)`,
     /// `hessian(..)` (function values) and `hvp(f, x, v)` (a call).
+    /// `called`: how many positional arguments the result is called with
+    /// at once (`jacobian(f)(x)`), when known.
     pub(super) fn lower_vmap(
         &mut self,
         module: usize,
@@ -87,6 +89,7 @@ impl Lowerer<'_> {
         which: &str,
         args: &[ast::Arg],
         span: Span,
+        called: Option<usize>,
     ) -> R<NodeId> {
         let Some(first) = args.first().filter(|a| a.name.is_none()) else {
             return Err(Diagnostic::error(
@@ -123,7 +126,11 @@ impl Lowerer<'_> {
                 }
             }
         }
-        let target = self.resolve_fn(module, cx, &first.value)?;
+        let called = match &in_axes {
+            Some(Axes::Each(v)) => Some(v.len()),
+            _ => called,
+        };
+        let target = self.resolve_fn_called(module, cx, &first.value, Called::With(called))?;
         let (callee, arity, name) = match target {
             DiffTarget::Static(g, name) => (self.graph_ref(g, span), Some(self.arity_of(g)), name),
             DiffTarget::Value(v) => (v, None, "fn".to_string()),
@@ -367,7 +374,14 @@ impl Lowerer<'_> {
         );
         let x = Expr::new(ExprKind::Tuple(vec![args[1].value.clone()]), args[1].span);
         let v = Expr::new(ExprKind::Tuple(vec![args[2].value.clone()]), args[2].span);
-        let pair = self.lower_diff(module, cx, "jvp", &[arg(g), arg(x), arg(v)], span)?;
+        let pair = self.lower_diff(
+            module,
+            cx,
+            "jvp",
+            &[arg(g), arg(x), arg(v)],
+            span,
+            Called::AsDefined,
+        )?;
         Ok(self.tuple_get(cx, pair, 1, span))
     }
 }
