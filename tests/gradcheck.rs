@@ -599,6 +599,18 @@ fn cases() -> Vec<Case> {
             .e("sum(broadcast_to(x, [2, 2]) * w)"),
     );
     v.push(
+        case("full", "scalar fill to [2, 3]")
+            .x("x", rn("", 623))
+            .w("2, 3")
+            .e("sum(full([2, 3], x) * w)"),
+    );
+    v.push(
+        case("full", "row fill to [2, 3], f64")
+            .x("x", rn("3", 624))
+            .w("2, 3")
+            .e("sum(full([2, 3], x, dtype = f64) * w)"),
+    );
+    v.push(
         case("concat", "axis = 0")
             .x("x", rn("2, 4", 630))
             .x("y", rn("3, 4", 631))

@@ -265,7 +265,7 @@ prims! {
     DTypeOf = "dtype", Create, X, false, false;
     Zeros = "zeros", Create, &[req("shape"), opt("dtype", Default::Unit)], false, false;
     Ones = "ones", Create, &[req("shape"), opt("dtype", Default::Unit)], false, false;
-    Full = "full", Create, &[req("shape"), req("v"), opt("dtype", Default::Unit)], false, false;
+    Full = "full", Create, &[req("shape"), req("v"), opt("dtype", Default::Unit)], false, true;
     ZerosLike = "zeros_like", Create, X, false, false;
     OnesLike = "ones_like", Create, X, false, false;
     Arange = "arange", Create, &[req("n"), opt("dtype", Default::Unit)], false, false;
