@@ -249,11 +249,7 @@ fn render_one(
     // its last `: `, so every error underlines its expression.
     let reason;
     let primary_message = if d.primary.message.is_empty() {
-        reason = d
-            .message
-            .rsplit_once(": ")
-            .map(|(_, r)| r.to_string())
-            .unwrap_or_else(|| "here".to_string());
+        reason = reason_of(&d.message).unwrap_or("here").to_string();
         &reason
     } else {
         &d.primary.message
@@ -292,6 +288,23 @@ fn render_one(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reasons_keep_record_types_and_code_whole() {
+        assert_eq!(
+            reason_of("add: expected a tensor, got {a: f64[]}"),
+            Some("expected a tensor, got {a: f64[]}")
+        );
+        assert_eq!(
+            reason_of("tuple_get: index 5 is out of range: (f64[], f64[])"),
+            Some("(f64[], f64[])")
+        );
+        assert_eq!(
+            reason_of("slices in loops have the form `e : e + c`: here `i : j`"),
+            Some("here `i : j`")
+        );
+        assert_eq!(reason_of("record {a: f64[]} has no field `b`"), None);
+    }
+
     use super::*;
 
     #[test]
@@ -392,4 +405,24 @@ mod tests {
         // quadratic rendering took minutes here; linear takes well under 1 s
         assert!(took.as_secs() < 20, "rendering took {took:?}");
     }
+}
+
+/// The reason in a message `what: reason`: the text after its last `: `
+/// that is not inside brackets or backticks (a record type `{a: f64[]}`
+/// or code `` `e : e + c` `` in the reason stays whole).
+fn reason_of(message: &str) -> Option<&str> {
+    let mut depth = 0i32;
+    let mut code = false;
+    let mut cut = None;
+    let bytes = message.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'`' => code = !code,
+            b'(' | b'[' | b'{' if !code => depth += 1,
+            b')' | b']' | b'}' if !code => depth -= 1,
+            b':' if !code && depth == 0 && bytes.get(i + 1) == Some(&b' ') => cut = Some(i),
+            _ => {}
+        }
+    }
+    cut.map(|i| &message[i + 2..])
 }

@@ -144,6 +144,25 @@ pub enum AbsVal {
 }
 
 impl AbsVal {
+    /// How a user sees the value of a branch or body in a function that
+    /// does IO: without the IO token the compiler threads through it
+    /// (`(f64[2], io)` is `f64[2]`).
+    pub fn user_view(&self) -> AbsVal {
+        match self {
+            AbsVal::Tuple(items)
+                if items.len() >= 2 && matches!(items.last(), Some(AbsVal::Io)) =>
+            {
+                let rest = &items[..items.len() - 1];
+                if rest.len() == 1 {
+                    rest[0].clone()
+                } else {
+                    AbsVal::Tuple(rest.to_vec())
+                }
+            }
+            v => v.clone(),
+        }
+    }
+
     /// Adds to `out` the graph of every closure in the value, captured
     /// closures included.
     pub fn collect_graphs(&self, out: &mut HashSet<GraphId>) {

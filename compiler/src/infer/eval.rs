@@ -1063,10 +1063,11 @@ impl<'a> Interp<'a> {
         let (a, ga) = first.map_or((AbsVal::Bottom, None), |(a, ga)| (a.clone(), *ga));
         let callee = self.m.inputs(site).first().copied();
         let is_if = callee.and_then(|c| self.m.applied_prim(c)) == Some(Prim::Switch);
+        let (ua, uv) = (a.user_view(), v.user_view());
         let message = if is_if {
-            format!("if branches have different types: {a} and {v}")
+            format!("if branches have different types: {ua} and {uv}")
         } else {
-            format!("the functions called here return different types: {a} and {v}")
+            format!("the functions called here return different types: {ua} and {uv}")
         };
         let mut e = InferError::new(self.loc(site), message);
         for (graph, ty) in [(ga, &a), (g, v)] {
@@ -1078,7 +1079,8 @@ impl<'a> Interp<'a> {
                 } else {
                     "this function"
                 };
-                e.secondary.push((loc, format!("{what} has type {ty}")));
+                e.secondary
+                    .push((loc, format!("{what} has type {}", ty.user_view())));
             }
         }
         e

@@ -1810,12 +1810,16 @@ fn switch(ctx: &RuleCtx, c: &AbsVal, a: &AbsVal, b: &AbsVal) -> Rule {
     join(a, b).ok_or_else(|| {
         let mut e = InferError::new(
             ctx.loc,
-            format!("if branches have different types: {a} and {b}"),
+            format!(
+                "if branches have different types: {} and {}",
+                a.user_view(),
+                b.user_view()
+            ),
         );
         for (node, v) in ctx.arg_nodes.iter().skip(1).zip([a, b]) {
             e.secondary.push((
                 ctx.module.node(*node).loc,
-                format!("this branch has type {v}"),
+                format!("this branch has type {}", v.user_view()),
             ));
         }
         RuleError::Nested(e)

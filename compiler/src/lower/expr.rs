@@ -192,16 +192,18 @@ impl Lowerer<'_> {
                 span,
             ));
         }
-        if DIFF_NAMES.contains(&n) || vmap::VMAP_NAMES.contains(&n) {
-            return Err(Diagnostic::error(
-                format!("`{n}` must be called with the function to differentiate, as in `{n}(f)`"),
-                span,
-            ));
-        }
         Err(self.unknown_name(module, n, span))
     }
 
+    /// The error for a name that is no value here; a transform's name
+    /// (`grad`, `hvp`) is one only when called.
     pub(super) fn unknown_name(&self, module: usize, n: &str, span: Span) -> Diagnostic {
+        if DIFF_NAMES.contains(&n) || vmap::VMAP_NAMES.contains(&n) {
+            return Diagnostic::error(
+                format!("`{n}` is a transform, not a value: call it with the function, as in `{n}(f)`, or wrap that call in a lambda"),
+                span,
+            );
+        }
         let mut d = Diagnostic::error(format!("unknown name `{n}`"), span)
             .with_label("not found in this scope");
         let mut candidates: Vec<String> = self
@@ -226,8 +228,10 @@ impl Lowerer<'_> {
         );
         if let Some(best) = candidates
             .iter()
+            .filter(|c| c.as_str() != n)
             .filter(|c| edit_distance(c, n) <= 2.min(n.len().saturating_sub(1)).max(1))
-            .min_by_key(|c| edit_distance(c, n))
+            // the same on every run: ties go to the first in name order
+            .min_by_key(|c| (edit_distance(c, n), c.to_string()))
         {
             d = d.with_note(format!("a similar name exists: `{best}`"));
         }

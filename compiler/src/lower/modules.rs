@@ -37,6 +37,32 @@ impl Lowerer<'_> {
                 }
             }
         }
+        // A user's rule is for a function of its own file: one for a name
+        // that is none (a misspelling) would never be used. (The standard
+        // library's rule files hold the primitives' rules.)
+        let user_file = !self.sources.name(file).starts_with("<stdlib>");
+        for item in ast.items.iter().filter(|_| user_file) {
+            if let Item::Bprop(def) = item {
+                if !fns.contains_key(&def.name.name) {
+                    let mut d = Diagnostic::error(
+                        format!(
+                            "bprop rule for `{}`, which is not a function of this file",
+                            def.name.name
+                        ),
+                        def.name.span,
+                    )
+                    .with_label("no function of this name");
+                    if let Some(best) = fns
+                        .keys()
+                        .filter(|k| edit_distance(k, &def.name.name) <= 2)
+                        .min_by_key(|k| (edit_distance(k, &def.name.name), k.to_string()))
+                    {
+                        d = d.with_note(format!("a similar name exists: `{best}`"));
+                    }
+                    self.error(d);
+                }
+            }
+        }
         self.mods.push(ModInfo {
             file,
 
