@@ -15,6 +15,26 @@ impl Rewriter<'_> {
         args: &[NodeId],
     ) -> Option<NodeId> {
         match p {
+            // ad_lift(x) → x when x certainly holds no function: a constant
+            // other than a graph, or the result of a primitive that makes
+            // tensors (the arguments of a `grad`, once inlined).
+            Prim::AdLift if args.len() == 3 => {
+                let x = args[0];
+                let plain = match self.m.as_const(x) {
+                    Some(c) => !matches!(c, Const::Graph(_)),
+                    None => self.m.applied_prim(x).is_some_and(|q| {
+                        matches!(
+                            q.category(),
+                            Category::Map
+                                | Category::Reindex
+                                | Category::Reduce
+                                | Category::Contract
+                                | Category::Create
+                        )
+                    }),
+                };
+                plain.then_some(x)
+            }
             // tuple_get(make_tuple(x0, x1, ..), i) → xi; of zero() → zero();
             // record_get likewise; both pushed through cotangent builders.
             Prim::TupleGet | Prim::RecordGet if args.len() == 2 => self.get_of(g, n, p, args),
