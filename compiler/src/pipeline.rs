@@ -446,23 +446,12 @@ impl Program {
             ..crate::opt::Options::default()
         };
         // Differentiation at run time builds on the derivative rules:
-        // keep them (optimised too) when the optimised program still
-        // differentiates at run time. Lifts of values that hold no
-        // function (the arguments of every `grad`) fold away once typed,
-        // and with them the need for the rules.
+        // keep them (optimised too).
         let mut roots = roots.to_vec();
-        let mut stats = if crate::vmgen::uses_dynamic_ad(&m, &roots) {
-            let stats = crate::opt::optimize(&mut m, &roots, &opts);
-            if crate::vmgen::uses_dynamic_ad(&m, &roots) {
-                m = self.lowered.module.clone();
-                roots.extend(self.rule_graphs());
-                crate::opt::optimize(&mut m, &roots, &opts)
-            } else {
-                stats
-            }
-        } else {
-            crate::opt::optimize(&mut m, &roots, &opts)
-        };
+        if crate::vmgen::uses_dynamic_ad(&m, &roots) {
+            roots.extend(self.rule_graphs());
+        }
+        let mut stats = crate::opt::optimize(&mut m, &roots, &opts);
         if let Some((g, args)) = &opts.entry {
             stats.rewrite = self.rewrite(&mut m, *g, &roots, args);
         }
@@ -620,22 +609,17 @@ impl Program {
         // Differentiating code that differentiates a function value at run
         // time follows the transforms' graphs back to their sources, which
         // the optimiser's inlining would have copied: such a program runs
-        // its IR as differentiated, as eager mode does, unless optimising
-        // removed every such transform (a lift of a value with no
-        // function in it folds away once typed).
-        let optimised = match mode {
+        // its IR as differentiated, as eager mode does.
+        let mode = if nested_dynamic_ad(&self.lowered.module, &[main]) {
+            Mode::Eager
+        } else {
+            mode
+        };
+        let compiled = match mode {
+            Mode::Eager => vmgen::compile(&self.lowered.module, &[main], &self.options)
+                .map(|ex| self.with_dynamic(ex, &self.lowered.module, &[main])),
             Mode::Graph => {
                 let (m, _) = self.optimized_for(&[main], Some(args));
-                let nested = nested_dynamic_ad(&self.lowered.module, &[main])
-                    && nested_dynamic_ad(&m, &[main]);
-                (!nested).then_some(m)
-            }
-            Mode::Eager => None,
-        };
-        let compiled = match optimised {
-            None => vmgen::compile(&self.lowered.module, &[main], &self.options)
-                .map(|ex| self.with_dynamic(ex, &self.lowered.module, &[main])),
-            Some(m) => {
                 if cfg!(debug_assertions) {
                     if let Err(errors) = crate::ir::verify::verify_reachable(&m, &[main]) {
                         return Err(vec![located(

@@ -482,8 +482,7 @@ impl<'a> Ad<'a> {
                     .iter()
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
-                let lifted = self.lift_args(t, &ps, 1, loc);
-                let (y, bp) = self.forward(t, jf, src, &lifted, loc);
+                let (y, bp) = self.forward(t, jf, src, &ps, loc);
                 // `ones_like(y)` that says, when `y` is not a float scalar,
                 // that `grad` needs one (inference meets it before the
                 // checks run, and no check runs on a request built at run
@@ -533,8 +532,7 @@ impl<'a> Ad<'a> {
                     .iter()
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
-                let lifted = self.lift_args(t, &ps, 1, loc);
-                let (y, bp) = self.forward(t, jf, src, &lifted, loc);
+                let (y, bp) = self.forward(t, jf, src, &ps, loc);
                 let pb = self.m.add_graph(format!("pullback.{}", req.name), loc);
                 let dy = self.m.add_param(pb, "dy", loc);
                 // The cotangent must have the result's structure and
@@ -555,19 +553,6 @@ impl<'a> Ad<'a> {
     fn output_tuple(&mut self, g: GraphId, items: &[NodeId], loc: Loc) {
         let o = self.prim(g, Prim::MakeTuple, items, loc);
         self.m.set_output(g, o);
-    }
-
-    /// The arguments of a transformed function as its transform takes
-    /// them: a function among them (`grad(apply)(x, |y| y * y)`) lifted
-    /// to its transform (mode 1: reverse, 2: forward), since the
-    /// transformed body calls it as one. Lifting a value with no function
-    /// in it is the value (the optimiser drops it).
-    fn lift_args(&mut self, g: GraphId, args: &[NodeId], mode: u8, loc: Loc) -> Vec<NodeId> {
-        let k = self.konst(Const::Int(mode as i64), loc);
-        let w = self.konst(Const::Int(0), loc);
-        args.iter()
-            .map(|&a| self.prim(g, Prim::AdLift, &[a, k, w], loc))
-            .collect()
     }
 
     /// In graph `g`: calls `J(f)` (graph `jf`, or when `None` the run-time
