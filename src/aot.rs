@@ -308,6 +308,7 @@ fn type_check(
         m,
         &types,
         &program.lowered.ad_provenance.origin,
+        false,
     );
     if failed.is_empty() {
         Ok(())

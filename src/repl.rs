@@ -210,6 +210,12 @@ impl Repl {
             // `z = 2.0`, `v[i] += 1.0`: a statement on a `let mut` of the
             // session, kept like a `let` for the inputs that follow.
             _ if is_assignment(input) => self.bind(input, out)?,
+            // `for i in 0..3 { z += 1.0 }`: a loop or an `if` that assigns
+            // a session variable is kept like an assignment, so that the
+            // inputs that follow see what it did.
+            "for" | "while" | "if" if assigns_one_of(input, &self.let_names()) => {
+                self.bind(input, out)?
+            }
             _ => {
                 let v = self.eval(input, out)?;
                 print_value(&v, out);
@@ -877,24 +883,19 @@ fn open_at_end(text: &str) -> bool {
                 chars.next();
                 comment = 1;
             }
-            '"' => {
-                let mut closed = false;
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\\' => {
-                            chars.next();
-                        }
-                        '"' => {
-                            closed = true;
-                            break;
-                        }
-                        _ => {}
+            // A string ends on its line: one left open is an error for the
+            // parser to report at once, not a reason to wait for more lines
+            // (which would swallow the inputs that follow).
+            '"' => loop {
+                match chars.next() {
+                    Some('\\') if chars.peek() != Some(&'\n') => {
+                        chars.next();
                     }
+                    Some('"') => break,
+                    Some('\n') | None => return false,
+                    _ => {}
                 }
-                if !closed {
-                    return true;
-                }
-            }
+            },
             '(' | '[' | '{' => depth += 1,
             ')' | ']' | '}' => depth -= 1,
             _ => {}
@@ -1070,6 +1071,15 @@ pub fn run(mode: Mode) -> std::process::ExitCode {
     }
 }
 
+/// Whether some statement of `input` (its text split at braces, `;` and
+/// line ends) assigns one of `names`.
+fn assigns_one_of(input: &str, names: &[String]) -> bool {
+    input
+        .split(['{', '}', ';', '\n'])
+        .filter(|stmt| is_assignment(stmt))
+        .any(|stmt| names.iter().any(|n| n == first_word(stmt.trim_start())))
+}
+
 /// Whether `input` is an assignment statement: a name, optionally
 /// indexed (`v[i]`), then `=` (not `==`) or `+=`, `-=`, `*=`, `/=`.
 fn is_assignment(input: &str) -> bool {
@@ -1146,12 +1156,30 @@ mod tests {
     }
 
     #[test]
+    fn loops_that_assign_session_variables_are_found() {
+        let names = vec!["z".to_string(), "v".to_string()];
+        assert!(assigns_one_of("for i in 0..3 { z += 1.0 }", &names));
+        assert!(assigns_one_of(
+            "while k < 3 {\n  k += 1;\n  v[k] = 2.0;\n}",
+            &names
+        ));
+        assert!(assigns_one_of(
+            "if a > 0.0 { z = a } else { z = 0.0 }",
+            &names
+        ));
+        assert!(!assigns_one_of("for i in 0..3 { w += 1.0 }", &names));
+        assert!(!assigns_one_of("if z == 1.0 { 2.0 } else { 3.0 }", &names));
+    }
+
+    #[test]
     fn brackets_strings_and_comments_decide_continuation() {
         assert!(is_incomplete("fn f(x) {"));
         assert!(is_incomplete("[1.0,\n 2.0"));
         assert!(!is_incomplete("fn f(x) { x }"));
         assert!(!is_incomplete("print(\"(\")"));
-        assert!(is_incomplete("print(\"a"));
+        // A string left open on its line is an error now, not more input.
+        assert!(!is_incomplete("print(\"a"));
+        assert!(!is_incomplete("let s = \"abc\nprint(1.0)"));
         assert!(!is_incomplete("f(x) // (unclosed in a comment"));
         assert!(is_incomplete("f(x) /* still /* nested */ open"));
         assert!(!is_incomplete("f(x) /* a ( */"));

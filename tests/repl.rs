@@ -142,6 +142,25 @@ fn assignments_change_a_let_mut_of_the_session() {
 }
 
 #[test]
+fn loops_and_ifs_at_the_prompt_keep_their_assignments() {
+    // (An outside probe found the loop's effect lost at the next input.)
+    let r = repl(
+        &[],
+        "let mut s = 0.0\nfor i in 0..4 { s += 1.5; }\ns\nif s > 5.0 { s = -s; }\ns\n\
+         let mut k = 0\nwhile k < 3 {\n    k += 1;\n}\nk\n",
+    );
+    assert_eq!(r.stdout, "6.0\n-6.0\n3\n", "{r:?}");
+}
+
+#[test]
+fn an_unterminated_string_is_an_error_at_once() {
+    // (An outside probe found it swallowed the inputs after it.)
+    let r = repl(&[], "print(\"abc)\n1.0 + 1.0\n");
+    assert_eq!(r.stdout, "2.0\n", "{r:?}");
+    assert!(r.stderr.contains("unterminated string"), "{r:?}");
+}
+
+#[test]
 fn unclosed_brackets_continue_the_input() {
     let r = repl(
         &[],

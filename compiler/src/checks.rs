@@ -35,10 +35,22 @@ pub enum Check {
     },
     /// `for x in t` iterates over a tuple `t` (`node`).
     ForTuple { node: NodeId, span: Span },
+    /// A bound of `for i in a..b` (`node`, written at `span`) is an int.
+    RangeBound { node: NodeId, span: Span },
     /// A differentiated argument must be made of floats.
     DiffArg {
         node: NodeId,
         what: String,
+        loc: crate::ir::Loc,
+    },
+    /// An argument of a differentiated function that is not differentiated
+    /// but holds a function: the transformed body calls it transformed,
+    /// which a value passed at the call is not. Reported only to explain a
+    /// failed inference (a function argument the body never calls works).
+    FnArg {
+        node: NodeId,
+        what: String,
+        transform: &'static str,
         loc: crate::ir::Loc,
     },
     /// `grad` needs a scalar float result.
@@ -79,11 +91,14 @@ pub enum Check {
 /// the node it copies: `ad::Provenance::origin`): a node that only runs
 /// transformed (a `grad` request inside code that `jvp` differentiates) is
 /// checked on the types of its copies.
+/// `failed`: whether inference failed, so that checks that only explain a
+/// failure ([`Check::FnArg`]) run too.
 pub fn run(
     checks: &[Check],
     m: &Module,
     types: &Types,
     origin: &HashMap<NodeId, NodeId>,
+    failed: bool,
 ) -> Vec<Diagnostic> {
     // The copies of each node, built when a check first needs them.
     let mut copies: Option<HashMap<NodeId, Vec<NodeId>>> = None;
@@ -216,20 +231,63 @@ pub fn run(
                     .with_note(format!("`for i in a..b` counts; `for x in (a, b, c)` visits a tuple's elements{hint}")),
                 );
             }
+            Check::RangeBound { node, span } => {
+                let Some(v) = value(m, types, *node) else {
+                    continue;
+                };
+                let ok = match &v {
+                    AbsVal::Tensor(t) => t.shape.is_empty() && t.dtype.is_int(),
+                    _ => !matches!(v, AbsVal::Str(_) | AbsVal::Func(_) | AbsVal::DType(_)),
+                };
+                if !ok {
+                    out.push(
+                        Diagnostic::error(
+                            format!("a range's bounds are ints, but this is {v}"),
+                            *span,
+                        )
+                        .with_note(
+                            "`for i in a..b` counts ints; convert a float bound with `i64(..)`",
+                        ),
+                    );
+                }
+            }
             Check::DiffArg { node, what, loc } => {
                 let Some(v) = value(m, types, *node) else {
                     continue;
                 };
                 if let Some(bad) = non_float(&v) {
+                    let is = if matches!(v, AbsVal::Tuple(_) | AbsVal::Record(_)) {
+                        format!("it is {v}, which holds {bad}")
+                    } else {
+                        format!("it is {bad}")
+                    };
                     out.push(
                         Diagnostic::error(
-                            format!("cannot differentiate with respect to {what}: it is {bad}"),
+                            format!("cannot differentiate with respect to {what}: {is}"),
                             span_of(*loc).unwrap_or(Span::point(adjoint_lang::FileId(0), 0)),
                         )
                         .with_note("ints, bools and strings carry no derivative; pass a float or leave it out of argnums"),
                     );
                 }
             }
+            Check::FnArg {
+                node,
+                what,
+                transform,
+                loc,
+            } if failed => {
+                let Some(AbsVal::Func(_)) = value(m, types, *node) else {
+                    continue;
+                };
+                out.push(
+                    Diagnostic::error(
+                        format!("`{transform}` cannot pass a function as {what}: the differentiated code calls it, and only functions it sees whole can be differentiated"),
+                        span_of(*loc).unwrap_or(Span::point(adjoint_lang::FileId(0), 0)),
+                    )
+                    .with_note(format!("differentiate a closure that makes the call instead, e.g. `{transform}(|x| f(x, g))(x)`")),
+                );
+            }
+            Check::FnArg { .. } => {}
             Check::ScalarOutput { node, what, loc } => {
                 let Some(v) = value_or_copies(*node) else {
                     continue;
@@ -315,9 +373,24 @@ pub fn run(
                 new,
                 span,
             } => {
-                let (Some(AbsVal::Tensor(a)), Some(AbsVal::Tensor(b))) =
-                    (value(m, types, *old), value(m, types, *new))
-                else {
+                let (Some(va), Some(vb)) = (value(m, types, *old), value(m, types, *new)) else {
+                    continue;
+                };
+                if let Some((ka, kb)) = kind_of(&va).zip(kind_of(&vb)) {
+                    if ka != kb {
+                        out.push(
+                            Diagnostic::error(
+                                format!("cannot assign {vb} to `{name}`, which holds {va}"),
+                                *span,
+                            )
+                            .with_note(format!(
+                                "a variable keeps its kind of value ({ka} here); declare a new one with `let`"
+                            )),
+                        );
+                        continue;
+                    }
+                }
+                let (AbsVal::Tensor(a), AbsVal::Tensor(b)) = (va, vb) else {
                     continue;
                 };
                 if !a.weak && !b.weak && a.dtype != b.dtype {
@@ -341,6 +414,19 @@ pub fn run(
     out
 }
 
+/// The kind of value a variable holds, for assignments: `None` for values
+/// whose kind is not known yet.
+fn kind_of(v: &AbsVal) -> Option<&'static str> {
+    Some(match v {
+        AbsVal::Tensor(_) => "a number or tensor",
+        AbsVal::Str(_) => "a string",
+        AbsVal::Func(_) => "a function",
+        AbsVal::DType(_) => "a dtype",
+        AbsVal::Tuple(_) | AbsVal::Record(_) | AbsVal::Io => return None,
+        AbsVal::Unknown | AbsVal::Bottom | AbsVal::Zero => return None,
+    })
+}
+
 fn is_param(m: &Module, n: NodeId) -> bool {
     matches!(m.node(n).kind, crate::ir::NodeKind::Param { .. })
 }
@@ -350,6 +436,8 @@ fn value(m: &Module, types: &Types, n: NodeId) -> Option<AbsVal> {
         Some(Const::Int(i)) => Some(AbsVal::int(*i, true)),
         Some(Const::Float(_)) => Some(AbsVal::weak_scalar(DType::F64)),
         Some(Const::Bool(b)) => Some(AbsVal::bool(*b)),
+        Some(Const::Str(t)) => Some(AbsVal::Str(Some(t.clone()))),
+        Some(Const::DType(d)) => Some(AbsVal::DType(*d)),
         Some(_) => None,
         None => types.value_of(n),
     }

@@ -310,6 +310,7 @@ impl Program {
                         m,
                         &t,
                         &self.lowered.ad_provenance.origin,
+                        true,
                     )
                 });
                 return Err(if explained.is_empty() {
@@ -324,6 +325,7 @@ impl Program {
             m,
             &types,
             &self.lowered.ad_provenance.origin,
+            false,
         );
         if failed.is_empty() {
             Ok(types)

@@ -714,6 +714,8 @@ fn map_children(
             }
             Value::Env(Arc::new(out))
         }
+        // A stack of backpropagators holds the values its records saved.
+        Value::Tape(t) => t.with_values(t.values().iter().map(f).collect::<Result<_, _>>()?),
         _ => return Ok(None),
     }))
 }
@@ -803,6 +805,7 @@ fn deep_has_level(v: &Value, level: u32) -> bool {
         Value::Record(r) => r.fields.iter().any(|(_, x)| deep_has_level(x, level)),
         Value::Env(e) => e.iter().any(|(_, x)| deep_has_level(x, level)),
         Value::Func(c) => c.captures.iter().any(|x| deep_has_level(x, level)),
+        Value::Tape(t) => t.any_value(|x| deep_has_level(x, level)),
         _ => false,
     }
 }
@@ -828,6 +831,12 @@ fn top_level(v: &Value, best: &mut Option<(u32, usize)>) {
         Value::Record(r) => r.fields.iter().for_each(|(_, x)| top_level(x, best)),
         Value::Env(e) => e.iter().for_each(|(_, x)| top_level(x, best)),
         Value::Func(c) => c.captures.iter().for_each(|x| top_level(x, best)),
+        Value::Tape(t) => {
+            t.any_value(|x| {
+                top_level(x, best);
+                false
+            });
+        }
         _ => {}
     }
 }
@@ -852,7 +861,7 @@ pub fn per_lane(
             .collect::<Result<Vec<_>, _>>()?;
         outs.push(f(ctx, a)?);
     }
-    stack_lanes(ctx, &outs, level)
+    stack_lanes(ctx, &outs, level, false)
 }
 
 /// Runs `f` once per lane of every level (code compiled for one lane).
@@ -877,8 +886,20 @@ pub fn per_lane_deep(
 /// Values of one lane each, stacked as lanes of `level` (larger than every
 /// level inside them); kept one by one ([`Lanes`]) where their structures
 /// differ.
-fn stack_lanes(ctx: &mut dyn Ctx, outs: &[Value], level: u32) -> Result<Value, RtError> {
-    match try_stack(ctx, outs, level)? {
+///
+/// `zero_fill`: whether a symbolic zero in some lanes may stand for zeros
+/// shaped like the other lanes' tensors. That holds only where every lane
+/// gives a value of one type (the branches of one `if`, the result of a
+/// `vmap`); lanes that ran different code (per-lane functions, per-lane
+/// structures) may hold a zero for a record where another lane holds a
+/// tensor, and are kept one by one.
+fn stack_lanes(
+    ctx: &mut dyn Ctx,
+    outs: &[Value],
+    level: u32,
+    zero_fill: bool,
+) -> Result<Value, RtError> {
+    match try_stack(ctx, outs, level, zero_fill)? {
         Some(v) => Ok(v),
         None => Ok(Value::Lanes(Arc::new(Lanes {
             level,
@@ -887,7 +908,12 @@ fn stack_lanes(ctx: &mut dyn Ctx, outs: &[Value], level: u32) -> Result<Value, R
     }
 }
 
-fn try_stack(ctx: &mut dyn Ctx, outs: &[Value], level: u32) -> Result<Option<Value>, RtError> {
+fn try_stack(
+    ctx: &mut dyn Ctx,
+    outs: &[Value],
+    level: u32,
+    zero_fill: bool,
+) -> Result<Option<Value>, RtError> {
     let Some(first) = outs.first() else {
         return err("vmap: no lanes");
     };
@@ -925,7 +951,7 @@ fn try_stack(ctx: &mut dyn Ctx, outs: &[Value], level: u32) -> Result<Option<Val
                         }
                         u.add(ls, &t.shape()[..ls.len()])?
                     }
-                    None if matches!(o, Value::Zero) => {}
+                    None if zero_fill && matches!(o, Value::Zero) => {}
                     None => return Ok(None),
                 }
             }
@@ -960,10 +986,17 @@ fn try_stack(ctx: &mut dyn Ctx, outs: &[Value], level: u32) -> Result<Option<Val
             {
                 return Ok(None);
             }
-            Value::tuple(stack_columns(ctx, outs, t.len(), level, |o, j| match o {
-                Value::Tuple(x) => x[j].clone(),
-                _ => unreachable!("checked"),
-            })?)
+            Value::tuple(stack_columns(
+                ctx,
+                outs,
+                t.len(),
+                level,
+                zero_fill,
+                |o, j| match o {
+                    Value::Tuple(x) => x[j].clone(),
+                    _ => unreachable!("checked"),
+                },
+            )?)
         }
         Value::Record(r) => {
             let same = |o: &Value| match o {
@@ -976,10 +1009,17 @@ fn try_stack(ctx: &mut dyn Ctx, outs: &[Value], level: u32) -> Result<Option<Val
             if !outs.iter().all(same) {
                 return Ok(None);
             }
-            let cols = stack_columns(ctx, outs, r.fields.len(), level, |o, j| match o {
-                Value::Record(x) => x.fields[j].1.clone(),
-                _ => unreachable!("checked"),
-            })?;
+            let cols = stack_columns(
+                ctx,
+                outs,
+                r.fields.len(),
+                level,
+                zero_fill,
+                |o, j| match o {
+                    Value::Record(x) => x.fields[j].1.clone(),
+                    _ => unreachable!("checked"),
+                },
+            )?;
             let fields = r
                 .fields
                 .iter()
@@ -995,10 +1035,18 @@ fn try_stack(ctx: &mut dyn Ctx, outs: &[Value], level: u32) -> Result<Option<Val
             {
                 return Ok(None);
             }
-            let captures = stack_columns(ctx, outs, c.captures.len(), level, |o, j| match o {
-                Value::Func(x) => x.captures[j].clone(),
-                _ => unreachable!("checked"),
-            })?;
+            let captures =
+                stack_columns(
+                    ctx,
+                    outs,
+                    c.captures.len(),
+                    level,
+                    zero_fill,
+                    |o, j| match o {
+                        Value::Func(x) => x.captures[j].clone(),
+                        _ => unreachable!("checked"),
+                    },
+                )?;
             Value::Func(Arc::new(Closure {
                 code: c.code,
                 captures,
@@ -1014,13 +1062,34 @@ fn try_stack(ctx: &mut dyn Ctx, outs: &[Value], level: u32) -> Result<Option<Val
             if !outs.iter().all(same) {
                 return Ok(None);
             }
-            let cols = stack_columns(ctx, outs, e.len(), level, |o, j| match o {
+            let cols = stack_columns(ctx, outs, e.len(), level, zero_fill, |o, j| match o {
                 Value::Env(x) => x[j].1.clone(),
                 _ => unreachable!("checked"),
             })?;
             Value::Env(Arc::new(
                 e.iter().zip(cols).map(|((k, _), v)| (*k, v)).collect(),
             ))
+        }
+        Value::Tape(t) => {
+            let same = |o: &Value| matches!(o, Value::Tape(x) if x.same_records(t));
+            if !outs.iter().all(same) {
+                return Ok(None);
+            }
+            let values: Vec<Vec<Value>> = outs
+                .iter()
+                .map(|o| match o {
+                    Value::Tape(x) => x.values(),
+                    _ => unreachable!("checked"),
+                })
+                .collect();
+            let n = values[0].len();
+            let cols = (0..n)
+                .map(|j| {
+                    let col: Vec<Value> = values.iter().map(|v| v[j].clone()).collect();
+                    stack_lanes(ctx, &col, level, zero_fill)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            t.with_values(cols)
         }
         Value::Str(_) | Value::DType(_) | Value::Io => {
             let text = format!("{first}");
@@ -1042,12 +1111,13 @@ fn stack_columns(
     outs: &[Value],
     n: usize,
     level: u32,
+    zero_fill: bool,
     get: impl Fn(&Value, usize) -> Value,
 ) -> Result<Vec<Value>, RtError> {
     (0..n)
         .map(|j| {
             let col: Vec<Value> = outs.iter().map(|o| get(o, j)).collect();
-            stack_lanes(ctx, &col, level)
+            stack_lanes(ctx, &col, level, zero_fill)
         })
         .collect()
 }
@@ -1091,7 +1161,7 @@ pub fn lanes_value_call(ctx: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtEr
             .collect::<Result<Vec<_>, _>>()?;
         outs.push(ctx.call(g, &a)?);
     }
-    stack_lanes(ctx, &outs, f.level)
+    stack_lanes(ctx, &outs, f.level, false)
 }
 
 /// The code id of the function [`switch_value`] makes (its code object,
@@ -1258,16 +1328,38 @@ fn merge(
                 captures,
             })))
         }
+        // Two stacks of backpropagators with the same records: their
+        // values merged one by one (else lane by lane, below: a stack is
+        // never taken whole for lanes that did not make it).
+        (Value::Tape(x), Value::Tape(y)) if x.same_records(y) => {
+            let items = x
+                .values()
+                .iter()
+                .zip(y.values().iter())
+                .map(|(p, q)| merge(ctx, p, q, level, sizes, pos))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(x.with_values(items))
+        }
         (Value::Tuple(_), Value::Tuple(_))
         | (Value::Record(_), Value::Record(_))
         | (Value::Func(_), Value::Func(_))
         | (
-            Value::Tuple(_) | Value::Record(_) | Value::Func(_) | Value::Env(_) | Value::Lanes(_),
+            Value::Tuple(_)
+            | Value::Record(_)
+            | Value::Func(_)
+            | Value::Env(_)
+            | Value::Lanes(_)
+            | Value::Tape(_),
             _,
         )
         | (
             _,
-            Value::Tuple(_) | Value::Record(_) | Value::Func(_) | Value::Env(_) | Value::Lanes(_),
+            Value::Tuple(_)
+            | Value::Record(_)
+            | Value::Func(_)
+            | Value::Env(_)
+            | Value::Lanes(_)
+            | Value::Tape(_),
         ) => per_lane_merge(ctx, ra, rb, level, sizes, pos),
         _ => {
             let zero_like = |o: &Value| -> Result<Value, RtError> {
@@ -1377,7 +1469,7 @@ fn per_lane_merge(
             lane(ctx, rb, level, j - sizes.0)?
         });
     }
-    stack_lanes(ctx, &items, level)
+    stack_lanes(ctx, &items, level, true)
 }
 
 /// `vmap_level(args)`: a fresh level for one call of a mapped function
@@ -1567,7 +1659,7 @@ fn densify(ctx: &mut dyn Ctx, v: &Value, level: u32) -> Result<Value, RtError> {
                 .iter()
                 .map(|x| densify(ctx, x, level))
                 .collect::<Result<Vec<_>, _>>()?;
-            match try_stack(ctx, &items, level)? {
+            match try_stack(ctx, &items, level, true)? {
                 Some(v) => v,
                 None => {
                     return err("vmap: the lanes give results of different shapes or structures")
@@ -1661,4 +1753,57 @@ pub fn jac_reshape(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
     let mut shape = y.shape().to_vec();
     shape.extend_from_slice(x.shape());
     Ok(Value::Tensor(j.reshape(&shape)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::TestCtx;
+    use crate::value::TapeHint;
+
+    fn lanes(xs: &[f64]) -> Value {
+        wrap(vec![1], Tensor::vector(xs.to_vec()))
+    }
+
+    fn tape(values: &[Value]) -> Value {
+        let hint = Arc::new(TapeHint::default());
+        let mut t = Value::tuple(Vec::new());
+        for v in values {
+            t = crate::value::Tape::push(&t, CodeId(7), std::iter::once(v.clone()), &hint)
+                .expect("a tape");
+        }
+        t
+    }
+
+    fn tape_values(v: &Value) -> Vec<String> {
+        let Value::Tape(t) = v else {
+            panic!("a tape, got {}", v.kind())
+        };
+        t.values().iter().map(|x| format!("{x}")).collect()
+    }
+
+    #[test]
+    fn merging_stacks_of_equal_length_keeps_each_lanes_values() {
+        // Lanes 0 and 2 ran one branch, lane 1 the other: the merged stack
+        // holds each lane's own saved values (it used to take the first
+        // branch's stack whole when both had as many records).
+        let mut ctx = TestCtx::default();
+        let a = tape(&[lanes(&[1.0, 3.0])]);
+        let b = tape(&[lanes(&[20.0])]);
+        let pos = Value::Tensor(Tensor::vector(vec![0i64, 2, 1]));
+        let m = merge(&mut ctx, &a, &b, 1, (2, 1), &pos).unwrap();
+        assert_eq!(tape_values(&m), vec!["<mapped f64[]: [1.0, 20.0, 3.0]>"]);
+    }
+
+    #[test]
+    fn one_lane_of_a_stack_has_its_values_cut_to_that_lane() {
+        let mut ctx = TestCtx::default();
+        let t = tape(&[lanes(&[1.0, 2.0, 3.0]), lanes(&[4.0, 5.0, 6.0])]);
+        let one = lane(&mut ctx, &t, 1, 1).unwrap();
+        assert_eq!(tape_values(&one), vec!["2.0", "5.0"]);
+        let two = gather(&mut ctx, &t, 1, &[2, 0], false).unwrap();
+        let Value::Tape(two) = two else { panic!() };
+        assert_eq!(two.len(), 2);
+        assert!(two.any_value(|v| format!("{v}").contains("[3.0, 1.0]")));
+    }
 }

@@ -577,6 +577,41 @@ impl Tape {
         })
     }
 
+    /// Whether some value saved on the tape satisfies `f`.
+    pub fn any_value(&self, mut f: impl FnMut(&Value) -> bool) -> bool {
+        let buf = self.lock();
+        let end = buf.values_end(self.len);
+        buf.values[..end].iter().any(|v| f(v))
+    }
+
+    /// The values saved on the tape, one record after another.
+    pub fn values(&self) -> Vec<Value> {
+        let buf = self.lock();
+        let end = buf.values_end(self.len);
+        buf.values[..end].to_vec()
+    }
+
+    /// Whether `self` and `other` hold records of the same code in the same
+    /// order (so that their values correspond one to one).
+    pub fn same_records(&self, other: &Tape) -> bool {
+        if self.len != other.len {
+            return false;
+        }
+        if Arc::ptr_eq(&self.buf, &other.buf) {
+            return true;
+        }
+        let a = self.lock().records[..self.len].to_vec();
+        let b = other.lock();
+        a[..] == b.records[..other.len]
+    }
+
+    /// The same records over new values (`values`, as many as
+    /// [`Tape::values`] gives, in its order).
+    pub fn with_values(&self, values: Vec<Value>) -> Value {
+        let records = self.lock().records[..self.len].to_vec();
+        Tape::from_parts(records, values, None)
+    }
+
     /// Whether `self` and `other` are the same stack (the same records of
     /// the same buffer).
     pub fn same(&self, other: &Tape) -> bool {

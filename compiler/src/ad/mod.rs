@@ -482,6 +482,7 @@ impl<'a> Ad<'a> {
                     .iter()
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
+                self.fn_arg_checks(&req.kind, &ps, &names, &req.name, loc);
                 let (y, bp) = self.forward(t, jf, src, &ps, loc);
                 // `ones_like(y)` that says, when `y` is not a float scalar,
                 // that `grad` needs one (inference meets it before the
@@ -532,6 +533,7 @@ impl<'a> Ad<'a> {
                     .iter()
                     .map(|nm| self.m.add_param(t, nm.clone(), loc))
                     .collect();
+                self.fn_arg_checks(&req.kind, &ps, &names, &req.name, loc);
                 let (y, bp) = self.forward(t, jf, src, &ps, loc);
                 let pb = self.m.add_graph(format!("pullback.{}", req.name), loc);
                 let dy = self.m.add_param(pb, "dy", loc);
@@ -547,6 +549,26 @@ impl<'a> Ad<'a> {
             AdKind::Jvp => unreachable!("built by build_jvp"),
         }
         Ok(())
+    }
+
+    /// Checks that explain a failure to call a function argument of the
+    /// transformed function ([`Check::FnArg`]).
+    fn fn_arg_checks(
+        &mut self,
+        kind: &AdKind,
+        ps: &[NodeId],
+        names: &[String],
+        fname: &str,
+        loc: Loc,
+    ) {
+        for (p, nm) in ps.iter().zip(names) {
+            self.checks.push(Check::FnArg {
+                node: *p,
+                what: format!("argument `{nm}` of `{fname}`"),
+                transform: kind_name(kind),
+                loc,
+            });
+        }
     }
 
     /// Finishes graph `g` with `make_tuple(items..)`.

@@ -401,6 +401,19 @@ impl<'a> Lowerer<'a> {
             barrier: None,
             ret: def.ret.clone().map(Rc::new),
         };
+        for (i, p) in def.params.iter().enumerate() {
+            let first = def.params[..i]
+                .iter()
+                .find(|q| q.name.name == p.name.name && p.name.name != "_");
+            if let Some(q) = first {
+                return Err(Diagnostic::error(
+                    format!("parameter `{}` is named twice", p.name.name),
+                    p.name.span,
+                )
+                .with_secondary(q.name.span, "first named here")
+                .with_note("each parameter needs its own name (`_` may repeat)"));
+            }
+        }
         self.scopes.push(Vec::new());
         for p in &def.params {
             let node = self.m.add_param(g, p.name.name.clone(), loc(p.span));

@@ -406,8 +406,13 @@ impl Lowerer<'_> {
     ) -> R<Option<NodeId>> {
         let (lo, hi, tuple) = match iter {
             ast::ForIter::Range { lo, hi } | ast::ForIter::Progress { lo, hi, .. } => {
+                let (lo_span, hi_span) = (lo.span, hi.span);
                 let lo = self.lower_expr(module, cx, lo)?;
                 let hi = self.lower_expr(module, cx, hi)?;
+                for (node, span) in [(lo, lo_span), (hi, hi_span)] {
+                    self.checks
+                        .push(crate::checks::Check::RangeBound { node, span });
+                }
                 (lo, hi, None)
             }
             ast::ForIter::Expr(e) => {
