@@ -189,6 +189,17 @@ impl Types {
         acc
     }
 
+    /// The value of node `n` when every specialisation of its graph gives
+    /// it the same one (no join: a loop variable that is a weak int on the
+    /// first iteration and a float after it has none). Rewrites that put
+    /// one node in place of another of the same type must use this.
+    pub fn exact_value_of(&self, n: NodeId) -> Option<AbsVal> {
+        let mut ids = self.by_node.get(&n)?.iter();
+        let first = &self.specs[ids.next()?.index()].values[&n];
+        ids.all(|id| self.specs[id.index()].values[&n] == *first)
+            .then(|| first.clone())
+    }
+
     /// The type of node `n` (a parameter or an application) as text
     /// (`f32[3, 4]`), joined over the specialisations of its graph; types
     /// that do not join are listed (`f32[3] | f32[4]`). `None` for

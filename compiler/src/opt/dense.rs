@@ -243,6 +243,13 @@ impl Rewriter<'_> {
         ty: &Option<AbsVal>,
         types: &Types,
     ) -> NodeId {
+        // Types compared exactly, per specialisation: a joined type hides
+        // a loop variable that starts as a weak int (`let mut s = 0;`) and
+        // holds a float after (found by an outside probe: the first
+        // iteration's gradient was lost).
+        if ty.is_none() || types.exact_value_of(x) != *ty {
+            return x;
+        }
         let mut x = x;
         for _ in 0..16 {
             if !cheap(self.m.applied_prim(x)) {
@@ -251,7 +258,7 @@ impl Rewriter<'_> {
             let same = self.m.inputs(x)[1..]
                 .iter()
                 .map(|w| self.resolve(*w))
-                .find(|w| self.m.as_const(*w).is_none() && types.value_of(*w) == *ty);
+                .find(|w| self.m.as_const(*w).is_none() && types.exact_value_of(*w) == *ty);
             match same {
                 Some(w) => x = w,
                 None => break,
