@@ -1075,20 +1075,19 @@ fn try_stack(
             if !outs.iter().all(same) {
                 return Ok(None);
             }
-            let values: Vec<Vec<Value>> = outs
+            // Each lane's saved values, read once, as a row to stack.
+            let rows: Vec<Value> = outs
                 .iter()
                 .map(|o| match o {
-                    Value::Tape(x) => x.values(),
+                    Value::Tape(x) => Value::tuple(x.values()),
                     _ => unreachable!("checked"),
                 })
                 .collect();
-            let n = values[0].len();
-            let cols = (0..n)
-                .map(|j| {
-                    let col: Vec<Value> = values.iter().map(|v| v[j].clone()).collect();
-                    stack_lanes(ctx, &col, level, zero_fill)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let n = t.values_len();
+            let cols = stack_columns(ctx, &rows, n, level, zero_fill, |o, j| match o {
+                Value::Tuple(x) => x[j].clone(),
+                _ => unreachable!("rows are tuples"),
+            })?;
             t.with_values(cols)
         }
         Value::Str(_) | Value::DType(_) | Value::Io => {

@@ -591,6 +591,11 @@ impl Tape {
         buf.values[..end].to_vec()
     }
 
+    /// How many values the tape's records saved.
+    pub fn values_len(&self) -> usize {
+        self.lock().values_end(self.len)
+    }
+
     /// Whether `self` and `other` hold records of the same code in the same
     /// order (so that their values correspond one to one).
     pub fn same_records(&self, other: &Tape) -> bool {

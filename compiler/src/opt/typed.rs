@@ -174,7 +174,7 @@ impl Rewriter<'_> {
         if types.is_escaped(owner) {
             return;
         }
-        let Some(AbsVal::Tensor(t)) = types.exact_value_of(x) else {
+        let Some(AbsVal::Tensor(t)) = types.value_of(x) else {
             return;
         };
         if !t.shape.is_empty() {
