@@ -1,4 +1,5 @@
 pub mod ad;
+pub mod adopt;
 pub mod aot;
 pub mod checks;
 pub mod codegen;

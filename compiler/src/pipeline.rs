@@ -434,7 +434,18 @@ impl Program {
         roots: &[GraphId],
         entry_args: Option<&[crate::infer::AbsVal]>,
     ) -> (crate::ir::Module, crate::opt::Stats) {
-        let mut m = self.lowered.module.clone();
+        self.optimized_from(&self.lowered.module, roots, entry_args)
+    }
+
+    /// [`Program::optimized_for`] of `source`, the program's module or a
+    /// copy of it changed for one entry ([`crate::adopt`]).
+    fn optimized_from(
+        &self,
+        source: &crate::ir::Module,
+        roots: &[GraphId],
+        entry_args: Option<&[crate::infer::AbsVal]>,
+    ) -> (crate::ir::Module, crate::opt::Stats) {
+        let mut m = source.clone();
         let entry = match (roots, entry_args) {
             ([g], Some(args)) if self.arity(*g) == args.len() => {
                 Some((*g, self.entry_args_with(*g, args)))
@@ -607,7 +618,10 @@ impl Program {
         args: &[crate::infer::AbsVal],
     ) -> Result<Executable, Vec<Diagnostic>> {
         let main = self.entry(name)?;
-        self.infer_entry_with(main, args)?;
+        let types = self.infer_entry_with(main, args)?;
+        // Weak literals take the type of the joins inference gave them.
+        let adopted = crate::adopt::weak_joins(&self.lowered.module, &types);
+        let source = adopted.as_ref().unwrap_or(&self.lowered.module);
         // Differentiating code that differentiates a function value at run
         // time follows the transforms' graphs back to their sources, which
         // the optimiser's inlining would have copied: such a program runs
@@ -618,10 +632,10 @@ impl Program {
             mode
         };
         let compiled = match mode {
-            Mode::Eager => vmgen::compile(&self.lowered.module, &[main], &self.options)
-                .map(|ex| self.with_dynamic(ex, &self.lowered.module, &[main])),
+            Mode::Eager => vmgen::compile(source, &[main], &self.options)
+                .map(|ex| self.with_dynamic(ex, source, &[main])),
             Mode::Graph => {
-                let (m, _) = self.optimized_for(&[main], Some(args));
+                let (m, _) = self.optimized_from(source, &[main], Some(args));
                 if cfg!(debug_assertions) {
                     if let Err(errors) = crate::ir::verify::verify_reachable(&m, &[main]) {
                         return Err(vec![located(
