@@ -59,12 +59,12 @@ pub fn grad_driver(path: &Path, function: &str, args: &[String]) -> Result<Strin
     let call_args: Vec<String> = parsed.iter().map(|(e, _)| e.clone()).collect();
     let argnums: Vec<String> = diff.iter().map(|i| i.to_string()).collect();
     let mut src = format!(
-        "fn {DRIVER}() {{\n    let (v, g) = value_and_grad({function}, argnums = ({},))({});\n    print(\"value:\", v);\n",
+        "fn {DRIVER}() {{\n    let (__v, __g) = value_and_grad({function}, argnums = ({},))({});\n    print(\"value:\", __v);\n",
         argnums.join(", "),
         call_args.join(", ")
     );
     for (k, i) in diff.iter().enumerate() {
-        src.push_str(&format!("    print(\"gradient {i}:\", g.{k});\n"));
+        src.push_str(&format!("    print(\"gradient {i}:\", __g.{k});\n"));
     }
     src.push_str("}\n");
     Ok(src)
@@ -83,15 +83,15 @@ pub fn check_grad_driver(path: &Path, function: &str, args: &[String]) -> Result
     let mut src = format!("fn {DRIVER}() {{\n");
     for (i, (e, is_float)) in parsed.iter().enumerate() {
         if *is_float {
-            src.push_str(&format!("    let a{i} = f64({e});\n"));
+            src.push_str(&format!("    let __a{i} = f64({e});\n"));
         } else {
-            src.push_str(&format!("    let a{i} = {e};\n"));
+            src.push_str(&format!("    let __a{i} = {e};\n"));
         }
     }
-    let all: Vec<String> = (0..parsed.len()).map(|i| format!("a{i}")).collect();
+    let all: Vec<String> = (0..parsed.len()).map(|i| format!("__a{i}")).collect();
     let argnums: Vec<String> = diff.iter().map(|i| i.to_string()).collect();
     src.push_str(&format!(
-        "    let g = grad({function}, argnums = ({},))({});\n    let h = 1e-6;\n    let mut worst_fd = 0.0;\n    let mut worst_fwd = 0.0;\n",
+        "    let __g = grad({function}, argnums = ({},))({});\n    let __h = 1e-6;\n    let mut __worst_fd = 0.0;\n    let mut __worst_fwd = 0.0;\n",
         argnums.join(", "),
         all.join(", ")
     ));
@@ -102,7 +102,7 @@ pub fn check_grad_driver(path: &Path, function: &str, args: &[String]) -> Result
                     if j == *i {
                         sub.to_string()
                     } else {
-                        format!("a{j}")
+                        format!("__a{j}")
                     }
                 })
                 .collect::<Vec<_>>()
@@ -111,22 +111,22 @@ pub fn check_grad_driver(path: &Path, function: &str, args: &[String]) -> Result
         let tangents: Vec<String> = (0..parsed.len())
             .map(|j| {
                 if j == *i {
-                    "e".to_string()
+                    "__e".to_string()
                 } else {
-                    format!("zeros_like(a{j})")
+                    format!("zeros_like(__a{j})")
                 }
             })
             .collect();
         src.push_str(&format!(
-            "    for k in 0..size(a{i}) {{\n        let e = reshape(one_hot(k, size(a{i}), dtype = f64), shape(a{i}));\n        let fd = ({function}({plus}) - {function}({minus})) / (2.0 * h);\n        let rev = sum(g.{k} * e);\n        let fwd = jvp({function}, ({all},), ({tan},)).1;\n        let scale = maximum(maximum(abs(rev), abs(fd)), 1e-6);\n        worst_fd = maximum(worst_fd, abs(rev - fd) / scale);\n        worst_fwd = maximum(worst_fwd, abs(rev - fwd) / maximum(abs(rev), 1e-6));\n    }}\n",
-            plus = with(&format!("a{i} + h * e")),
-            minus = with(&format!("a{i} - h * e")),
+            "    for __k in 0..size(__a{i}) {{\n        let __e = reshape(one_hot(__k, size(__a{i}), dtype = f64), shape(__a{i}));\n        let __fd = ({function}({plus}) - {function}({minus})) / (2.0 * __h);\n        let __rev = sum(__g.{k} * __e);\n        let __fwd = jvp({function}, ({all},), ({tan},)).1;\n        let __scale = maximum(maximum(abs(__rev), abs(__fd)), 1e-6);\n        __worst_fd = maximum(__worst_fd, abs(__rev - __fd) / __scale);\n        __worst_fwd = maximum(__worst_fwd, abs(__rev - __fwd) / maximum(abs(__rev), 1e-6));\n    }}\n",
+            plus = with(&format!("__a{i} + __h * __e")),
+            minus = with(&format!("__a{i} - __h * __e")),
             all = all.join(", "),
             tan = tangents.join(", "),
         ));
     }
     src.push_str(&format!(
-        "    print(\"value:\", {function}({}));\n    print(\"reverse vs finite differences: worst relative error\", worst_fd);\n    print(\"reverse vs forward mode: worst relative error\", worst_fwd);\n    maximum(worst_fd, worst_fwd)\n}}\n",
+        "    print(\"value:\", {function}({}));\n    print(\"reverse vs finite differences: worst relative error\", __worst_fd);\n    print(\"reverse vs forward mode: worst relative error\", __worst_fwd);\n    maximum(__worst_fd, __worst_fwd)\n}}\n",
         all.join(", ")
     ));
     Ok(src)

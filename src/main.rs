@@ -453,10 +453,30 @@ static ALLOC: adjoint_runtime::memory::CountingAlloc = adjoint_runtime::memory::
 /// Loads `file` with a generated driver function appended and runs it.
 fn run_driver(file: &std::path::Path, src: Result<String, String>) -> Result<Value, SessionError> {
     let src = src.map_err(SessionError::message)?;
-    let session = session(Mode::Graph).load_file_with(file, &src)?;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    session.run_function(driver::DRIVER, &mut out)
+    let run = || {
+        let session = session(Mode::Graph).load_file_with(file, &src)?;
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        session.run_function(driver::DRIVER, &mut out)
+    };
+    run().map_err(|e| in_driver(e, file, &src))
+}
+
+/// `e` with the places that fall in the driver appended to `file` shown
+/// in the driver's own text, named as generated (the user's file has no
+/// such lines).
+fn in_driver(e: SessionError, file: &std::path::Path, src: &str) -> SessionError {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return e;
+    };
+    let piece = adjoint::SourcePiece {
+        at: text.len() + 1,
+        len: src.len(),
+        name: "<generated driver>".into(),
+        text: src.to_string(),
+        offset: 0,
+    };
+    e.relocate(&file.display().to_string(), &[piece])
 }
 
 fn emit(
@@ -478,13 +498,17 @@ fn emit(
                     }
                 )));
             };
-            let s = session(Mode::Graph).load_file_with(file, &driver::emit_grad_driver(f))?;
-            match (stage == Stage::Grad, draw) {
-                (true, false) => s.emit_ir(Some(driver::DRIVER))?,
-                (true, true) => s.emit_ir_dot(Some(driver::DRIVER))?,
-                (false, false) => s.emit_opt(Some(driver::DRIVER))?,
-                (false, true) => s.emit_opt_dot(Some(driver::DRIVER))?,
-            }
+            let src = driver::emit_grad_driver(f);
+            let emit = || {
+                let s = session(Mode::Graph).load_file_with(file, &src)?;
+                match (stage == Stage::Grad, draw) {
+                    (true, false) => s.emit_ir(Some(driver::DRIVER)),
+                    (true, true) => s.emit_ir_dot(Some(driver::DRIVER)),
+                    (false, false) => s.emit_opt(Some(driver::DRIVER)),
+                    (false, true) => s.emit_opt_dot(Some(driver::DRIVER)),
+                }
+            };
+            emit().map_err(|e| in_driver(e, file, &src))?
         }
         Stage::Kernels | Stage::Cuda | Stage::Ast if draw => {
             return Err(SessionError::message(

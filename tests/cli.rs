@@ -486,6 +486,38 @@ fn grad_and_check_grad() {
     assert_fails(&r, "", &["g.adj:1:16"]);
 }
 
+/// The generated driver's local names cannot shadow the user's functions
+/// (a function named `e`, `g` or `h` broke `check-grad`), and an error in
+/// the driver is shown in the driver's text, not at a line the user's file
+/// does not have.
+#[test]
+fn grad_drivers_keep_to_their_own_names_and_text() {
+    let d = Dir::new("grad_names");
+    d.write(
+        "f.adj",
+        "fn g(x) = x * x;\nfn e(x) = sin(x) * g(x);\nfn h(x, k) = e(x) * k;\nfn v(x) = [x, x];\n",
+    );
+    for f in ["e", "g"] {
+        let r = adjoint(&d, &["check-grad", "f.adj", f, "--at", "0.5"]);
+        assert_eq!(r.code, Some(0), "{f}: {r:?}");
+        assert!(r.stdout.ends_with("ok (tolerance 1e-4)\n"), "{f}: {r:?}");
+    }
+    let r = adjoint(&d, &["check-grad", "f.adj", "h", "--at", "0.5", "2.0"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let r = adjoint(&d, &["grad", "f.adj", "e", "--at", "0.5"]);
+    let want = 0.5f64.sin() * 0.25;
+    assert!(r.stdout.starts_with(&format!("value: {want}\n")), "{r:?}");
+    for cmd in ["grad", "check-grad"] {
+        let r = adjoint(&d, &[cmd, "f.adj", "v", "--at", "0.5"]);
+        assert_fails(
+            &r,
+            "",
+            &["needs `v` to return a float scalar", "<generated driver>:"],
+        );
+        assert!(!r.stderr.contains("f.adj:"), "{cmd}: {r:?}");
+    }
+}
+
 /// Every program of the corpus, run through the command: the harness
 /// `tests/programs.rs` checks their output; here only that nothing
 /// crashes, on `check` and `emit` too.
