@@ -1,10 +1,14 @@
 //! `adjoint repl`: an interactive session.
 //!
-//! Definitions (`fn`, `bprop`, `import` items, and `let` bindings) are
-//! kept as source text; each input is compiled with them through a fresh
-//! [`Session`]: an expression becomes the body of a hidden function
-//! `__repl_input` (after the `let` bindings), which is run and its value
-//! printed. A definition is compiled before it is accepted, so a bad one is
+//! Definitions (`fn`, `bprop` and `import` items) are kept as source text;
+//! each input is compiled with them through a fresh [`Session`]: it
+//! becomes the body of a hidden function `__repl_input` whose parameters
+//! are the session's variables, passed the values they were given (so
+//! nothing an input computed or printed runs again; a `let` bound to a
+//! function, which cannot be passed, is replayed instead). What an input's
+//! `let`s bind and what it assigns to the session's `let mut`s (read from
+//! its syntax, loops and branches included) comes back as values; its
+//! final expression's value is printed. A definition is compiled before it is accepted, so a bad one is
 //! rejected and leaves the session as it was. Redefining a function
 //! replaces it. An input whose brackets are not closed continues on the
 //! next line. Each kept text remembers the input it was typed in, so that
@@ -57,6 +61,41 @@ struct Def {
     key: String,
     text: String,
     origin: Option<Origin>,
+}
+
+/// A variable of the session.
+#[derive(Clone, Debug)]
+enum Binding {
+    /// A value computed once, when its input ran, and passed to every
+    /// later input as an argument of the hidden function (so that the
+    /// inputs that follow neither run its computation nor its printing
+    /// again).
+    Value {
+        name: String,
+        mutable: bool,
+        value: Value,
+    },
+    /// A `let` whose value holds a function (which cannot be passed in):
+    /// run again at the start of every later input.
+    Replay(Def),
+}
+
+impl Binding {
+    /// The `let` statement that binds the variable, with a value written
+    /// by `rhs`.
+    fn let_text(&self, rhs: impl FnOnce(&Value) -> String) -> String {
+        match self {
+            Binding::Value {
+                name,
+                mutable,
+                value,
+            } => {
+                let m = if *mutable { "mut " } else { "" };
+                format!("let {m}{name} = {};", rhs(value))
+            }
+            Binding::Replay(d) => d.text.clone(),
+        }
+    }
 }
 
 /// One input typed at the prompt (`<input 3>`) or a loaded file: what
@@ -120,8 +159,8 @@ pub struct Repl {
     imports: Vec<Def>,
     /// `fn` and `bprop` items.
     items: Vec<Def>,
-    /// `let` statements, in order.
-    lets: Vec<Def>,
+    /// The session's variables, in the order they were bound.
+    bindings: Vec<Binding>,
     color: bool,
     /// How many inputs have been handled, and the one being handled (the
     /// address of its text, to place slices of it).
@@ -150,7 +189,7 @@ impl Repl {
             mode,
             imports: Vec::new(),
             items: Vec::new(),
-            lets: Vec::new(),
+            bindings: Vec::new(),
             color: std::io::stderr().is_terminal(),
             failed: false,
             entries: 0,
@@ -206,20 +245,7 @@ impl Repl {
         }
         match first_word(input) {
             "fn" | "bprop" | "import" => self.define(input)?,
-            "let" => self.bind(input, out)?,
-            // `z = 2.0`, `v[i] += 1.0`: a statement on a `let mut` of the
-            // session, kept like a `let` for the inputs that follow.
-            _ if is_assignment(input) => self.bind(input, out)?,
-            // `for i in 0..3 { z += 1.0 }`: a loop or an `if` that assigns
-            // a session variable is kept like an assignment, so that the
-            // inputs that follow see what it did.
-            "for" | "while" | "if" if assigns_one_of(input, &self.let_names()) => {
-                self.bind(input, out)?
-            }
-            _ => {
-                let v = self.eval(input, out)?;
-                print_value(&v, out);
-            }
+            _ => self.run_input(input, out)?,
         }
         Ok(Flow::Continue)
     }
@@ -248,18 +274,21 @@ impl Repl {
             }
             "type" | "t" => {
                 need("an expression")?;
-                let (s, g) = self.session_for(rest)?;
-                let t = s.result_type(INPUT).map_err(|e| g.relocate(e))?;
+                let (s, g, args) = self.session_for(rest)?;
+                let t = s
+                    .function(INPUT)
+                    .and_then(|f| f.result_type(&args))
+                    .map_err(|e| g.relocate(e))?;
                 write_out(out, &format!("{t}\n"));
             }
             "ir" => {
                 need("an expression")?;
-                let (s, g) = self.session_for(rest)?;
+                let (s, g, _) = self.session_for(rest)?;
                 write_out(out, &s.emit_ir(Some(INPUT)).map_err(|e| g.relocate(e))?);
             }
             "opt" => {
                 need("an expression")?;
-                let (s, g) = self.session_for(rest)?;
+                let (s, g, _) = self.session_for(rest)?;
                 write_out(out, &s.emit_opt(Some(INPUT)).map_err(|e| g.relocate(e))?);
             }
             "time" => {
@@ -314,8 +343,15 @@ impl Repl {
                     s.push_str(&d.text);
                     s.push('\n');
                 }
-                for l in &self.lets {
-                    s.push_str(&l.text);
+                for b in &self.bindings {
+                    s.push_str(&b.let_text(|value| {
+                        let shown = value.to_string();
+                        if shown.len() <= 60 {
+                            shown
+                        } else {
+                            format!("<{}>", adjoint::value_type(value))
+                        }
+                    }));
                     s.push('\n');
                 }
                 write_out(out, &s);
@@ -323,7 +359,7 @@ impl Repl {
             "reset" => {
                 self.imports.clear();
                 self.items.clear();
-                self.lets.clear();
+                self.bindings.clear();
             }
             other => {
                 return Err(SessionError::message(format!(
@@ -351,17 +387,33 @@ impl Repl {
         g
     }
 
-    /// The hidden function whose body is the `let` bindings, then `body`.
-    fn input_fn(&self, body: Gen) -> Gen {
+    /// The hidden function: its parameters are the session's values, which
+    /// it binds to their names (with the replayed `let`s, in the order they
+    /// were bound), then `body`; and the arguments to call it with.
+    fn input_fn(&self, body: Gen) -> (Gen, Vec<Value>) {
         let mut g = Gen::default();
-        g.push(&format!("fn {INPUT}() {{\n"), None);
-        for l in &self.lets {
-            g.push(&l.text, l.origin.as_ref());
-            g.push("\n", None);
+        let mut args = Vec::new();
+        let mut lets = Gen::default();
+        for b in &self.bindings {
+            match b {
+                Binding::Value { value, .. } => {
+                    let text = b.let_text(|_| format!("__repl_v{}", args.len()));
+                    lets.push(&text, None);
+                    lets.push("\n", None);
+                    args.push(value.clone());
+                }
+                Binding::Replay(d) => {
+                    lets.push(&d.text, d.origin.as_ref());
+                    lets.push("\n", None);
+                }
+            }
         }
+        let params: Vec<String> = (0..args.len()).map(|i| format!("__repl_v{i}")).collect();
+        g.push(&format!("fn {INPUT}({}) {{\n", params.join(", ")), None);
+        g.append(lets);
         g.append(body);
         g.push("\n}", None);
-        g
+        (g, args)
     }
 
     /// Where `s`, a slice of the input being handled, was typed.
@@ -382,47 +434,142 @@ impl Repl {
         g
     }
 
-    /// A session with the program and the hidden function for `expr`.
-    fn session_for(&self, expr: &str) -> Result<(Session, Gen), SessionError> {
+    /// A session with the program and the hidden function for `expr`, and
+    /// the arguments to call it with.
+    fn session_for(&self, expr: &str) -> Result<(Session, Gen, Vec<Value>), SessionError> {
         self.session_for_gen(self.typed(expr))
     }
 
-    fn session_for_gen(&self, body: Gen) -> Result<(Session, Gen), SessionError> {
-        let g = self.source(self.input_fn(body));
+    fn session_for_gen(&self, body: Gen) -> Result<(Session, Gen, Vec<Value>), SessionError> {
+        let (input, args) = self.input_fn(body);
+        let g = self.source(input);
         let s = Session::new(self.mode)
             .with_compiler_options(adjoint::env_options::compiler_options())
             .load_source(SOURCE_NAME, &g.text)
             .map_err(|e| g.relocate(e))?;
-        Ok((s, g))
-    }
-
-    /// Evaluates an expression (or statements ending in one).
-    fn eval(&self, expr: &str, out: &mut dyn Write) -> Result<Value, SessionError> {
-        self.eval_gen(self.typed(expr), out)
+        Ok((s, g, args))
     }
 
     fn eval_gen(&self, body: Gen, out: &mut dyn Write) -> Result<Value, SessionError> {
-        let (s, g) = self.session_for_gen(body)?;
-        s.run_function(INPUT, out).map_err(|e| g.relocate(e))
+        let (s, g, args) = self.session_for_gen(body)?;
+        s.function(INPUT)
+            .and_then(|f| f.call_with_output(&args, out))
+            .map_err(|e| g.relocate(e))
     }
 
-    /// `let pattern = expr`: checked by running it, then kept.
-    fn bind(&mut self, input: &str, out: &mut dyn Write) -> Result<(), SessionError> {
-        let origin = self.origin(input);
-        let stmt = if input.ends_with(';') {
-            input.to_string()
-        } else {
-            format!("{input};")
+    /// An input that is not a definition: statements, then maybe an
+    /// expression, whose value is printed. What its top-level `let`s bind
+    /// and what it assigns to the session's `let mut` variables (in loops
+    /// and branches too) is kept for the inputs that follow, as values,
+    /// so that nothing it computed or printed runs again.
+    fn run_input(&mut self, input: &str, out: &mut dyn Write) -> Result<(), SessionError> {
+        let Some((shape, amended)) = InputShape::of(input) else {
+            // Not a complete block: let compiling it report why.
+            let v = self.eval_gen(self.typed(input), out)?;
+            print_value(&v, out);
+            return Ok(());
         };
+        let let_names: Vec<&str> = shape
+            .lets
+            .iter()
+            .flat_map(|(_, ns)| ns.iter().map(|(n, _)| n.as_str()))
+            .collect();
+        let assigned: Vec<String> = self
+            .bindings
+            .iter()
+            .filter_map(|b| match b {
+                Binding::Value {
+                    name,
+                    mutable: true,
+                    ..
+                } if shape.assigned.contains(name) && !let_names.contains(&name.as_str()) => {
+                    Some(name.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        if shape.lets.is_empty() && assigned.is_empty() {
+            let v = self.eval_gen(self.typed(input), out)?;
+            print_value(&v, out);
+            return Ok(());
+        }
+        let split = shape.tail.unwrap_or(input.len());
         let mut body = Gen::default();
-        body.push(&stmt, origin.as_ref());
-        body.push("\n()", None);
-        self.eval_gen(body, out)?;
-        self.lets.push(Def {
-            key: "let".into(),
-            text: stmt,
-            origin,
-        });
+        body.push(&input[..split], self.origin(&input[..split]).as_ref());
+        if amended {
+            body.push(";", None);
+        }
+        body.push("\nlet __repl_result = (", None);
+        if shape.tail.is_some() {
+            body.push(&input[split..], self.origin(&input[split..]).as_ref());
+        }
+        let tuple = |names: &[&str]| match names {
+            [] => "()".to_string(),
+            names => format!("({},)", names.join(", ")),
+        };
+        let assigned_refs: Vec<&str> = assigned.iter().map(String::as_str).collect();
+        body.push(
+            &format!(
+                ");\n(__repl_result, {}, {})",
+                tuple(&let_names),
+                tuple(&assigned_refs)
+            ),
+            None,
+        );
+        let v = self.eval_gen(body, out)?;
+        let parts = match v.as_tuple() {
+            Some([r, l, a]) => Some((
+                r.clone(),
+                l.as_tuple().map(<[Value]>::to_vec).unwrap_or_default(),
+                a.as_tuple().map(<[Value]>::to_vec).unwrap_or_default(),
+            )),
+            _ => None,
+        };
+        let Some((result, bound, new_values)) = parts else {
+            return Err(SessionError::message(
+                "internal error: the REPL's input did not return its bindings".into(),
+            ));
+        };
+        for (name, v) in assigned.iter().zip(new_values) {
+            for b in &mut self.bindings {
+                if let Binding::Value { name: n, value, .. } = b {
+                    if n == name {
+                        *value = v.clone();
+                    }
+                }
+            }
+        }
+        let mut bound = bound.into_iter();
+        for (range, names) in &shape.lets {
+            let values: Vec<Value> = bound.by_ref().take(names.len()).collect();
+            self.bindings.retain(|b| match b {
+                Binding::Value { name, .. } => !names.iter().any(|(n, _)| n == name),
+                Binding::Replay(_) => true,
+            });
+            if values.iter().any(holds_function) {
+                let text = &input[range.clone()];
+                let mut t = text.to_string();
+                if !t.trim_end().ends_with(';') {
+                    t.push(';');
+                }
+                self.bindings.push(Binding::Replay(Def {
+                    key: "let".into(),
+                    text: t,
+                    origin: self.origin(text),
+                }));
+            } else {
+                for ((name, mutable), value) in names.iter().zip(values) {
+                    self.bindings.push(Binding::Value {
+                        name: name.clone(),
+                        mutable: *mutable,
+                        value,
+                    });
+                }
+            }
+        }
+        if shape.tail.is_some() {
+            print_value(&result, out);
+        }
         Ok(())
     }
 
@@ -522,7 +669,7 @@ impl Repl {
                 .filter(|d| !replaced.contains(&d.key))
                 .cloned()
                 .collect(),
-            lets: self.lets.clone(),
+            bindings: self.bindings.clone(),
             color: self.color,
             failed: false,
             entries: self.entries,
@@ -558,20 +705,18 @@ impl Repl {
         Ok(n)
     }
 
-    /// The names the `let` statements bind (the identifiers of their
-    /// patterns).
+    /// The names of the session's variables.
     fn let_names(&self) -> Vec<String> {
         let mut names = Vec::new();
-        for l in &self.lets {
-            let pattern = l
-                .text
-                .trim_start()
-                .strip_prefix("let")
-                .and_then(|r| r.split('=').next())
-                .unwrap_or("");
-            for word in pattern.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
-                if !word.is_empty() && word != "mut" && word != "_" {
-                    names.push(word.to_string());
+        for b in &self.bindings {
+            match b {
+                Binding::Value { name, .. } => names.push(name.clone()),
+                Binding::Replay(d) => {
+                    if let Some((shape, _)) = InputShape::of(&d.text) {
+                        for (_, ns) in shape.lets {
+                            names.extend(ns.into_iter().map(|(n, _)| n));
+                        }
+                    }
                 }
             }
         }
@@ -709,12 +854,12 @@ impl Repl {
     /// `:time EXPR`.
     fn time(&self, expr: &str, out: &mut dyn Write) -> Result<(), SessionError> {
         let t0 = Instant::now();
-        let (s, g) = self.session_for(expr)?;
+        let (s, g, args) = self.session_for(expr)?;
         let t1 = Instant::now();
         let f = s.function(INPUT).map_err(|e| g.relocate(e))?;
-        f.prepare(&[]).map_err(|e| g.relocate(e))?;
+        f.prepare(&args).map_err(|e| g.relocate(e))?;
         let t2 = Instant::now();
-        let v = f.call_with_output(&[], out).map_err(|e| g.relocate(e))?;
+        let v = f.call_with_output(&args, out).map_err(|e| g.relocate(e))?;
         let t3 = Instant::now();
         print_value(&v, out);
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
@@ -1071,76 +1216,133 @@ pub fn run(mode: Mode) -> std::process::ExitCode {
     }
 }
 
-/// Whether some statement of `input` (its text split at braces, `;` and
-/// line ends) assigns one of `names`.
-fn assigns_one_of(input: &str, names: &[String]) -> bool {
-    input
-        .split(['{', '}', ';', '\n'])
-        .filter(|stmt| is_assignment(stmt))
-        .any(|stmt| names.iter().any(|n| n == first_word(stmt.trim_start())))
+/// What an input binds and assigns, read from its syntax.
+struct InputShape {
+    /// Its top-level `let` statements: where each is in the input, and
+    /// the names it binds (with whether each is `mut`).
+    lets: Vec<(std::ops::Range<usize>, Vec<(String, bool)>)>,
+    /// The names its assignments target, in loops and branches too.
+    assigned: Vec<String>,
+    /// Where its final expression (whose value is printed) starts.
+    tail: Option<usize>,
 }
 
-/// Whether `input` is an assignment statement: a name, optionally
-/// indexed (`v[i]`), then `=` (not `==`) or `+=`, `-=`, `*=`, `/=`.
-fn is_assignment(input: &str) -> bool {
-    let s = input.trim_start();
-    let name = s
-        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .unwrap_or(s.len());
-    if name == 0 || s.starts_with(|c: char| c.is_ascii_digit()) {
-        return false;
+impl InputShape {
+    /// The shape of `input` read as the statements of a block, and
+    /// whether it needed a `;` added (`let x = 1.0`); `None` if it does
+    /// not parse as one.
+    fn of(input: &str) -> Option<(InputShape, bool)> {
+        Self::parse(input, "")
+            .map(|s| (s, false))
+            .or_else(|| Self::parse(input, ";").map(|s| (s, true)))
     }
-    let mut rest = s[name..].trim_start();
-    if rest.starts_with('[') {
-        let mut depth = 0;
-        let mut end = None;
-        for (i, c) in rest.char_indices() {
-            match c {
-                '[' => depth += 1,
-                ']' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = Some(i);
-                        break;
-                    }
-                }
-                _ => {}
+
+    fn parse(input: &str, end: &str) -> Option<InputShape> {
+        const OPEN: &str = "fn __repl_shape() {\n";
+        let text = format!("{OPEN}{input}{end}\n}}");
+        let (module, diags) = adjoint_lang::parse(FileId(0), &text);
+        if diags.iter().any(|d| d.is_error()) {
+            return None;
+        }
+        let [ast::Item::Fn(f)] = module.items.as_slice() else {
+            return None;
+        };
+        let ast::ExprKind::Block(block) = &*f.body.kind else {
+            return None;
+        };
+        let at = |x: usize| x.saturating_sub(OPEN.len()).min(input.len());
+        let mut shape = InputShape {
+            lets: Vec::new(),
+            assigned: Vec::new(),
+            tail: block.tail.as_ref().map(|t| at(t.span.range().start)),
+        };
+        for stmt in &block.stmts {
+            if let ast::StmtKind::Let {
+                pattern, mutable, ..
+            } = &stmt.kind
+            {
+                let mut names = Vec::new();
+                pattern_names(pattern, *mutable, &mut names);
+                let r = stmt.span.range();
+                shape.lets.push((at(r.start)..at(r.end), names));
             }
         }
-        let Some(end) = end else { return false };
-        rest = rest[end + 1..].trim_start();
+        assigned_in(block, &mut shape.assigned);
+        Some(shape)
     }
-    ["+=", "-=", "*=", "/="]
-        .iter()
-        .any(|op| rest.starts_with(op))
-        || (rest.starts_with('=') && !rest.starts_with("=="))
+}
+
+/// The names `p` binds, each with whether it is `mut`.
+fn pattern_names(p: &ast::Pattern, mutable: bool, out: &mut Vec<(String, bool)>) {
+    match &p.kind {
+        ast::PatternKind::Name(n) => out.push((n.clone(), mutable)),
+        ast::PatternKind::MutName(n) => out.push((n.clone(), true)),
+        ast::PatternKind::Wildcard => {}
+        ast::PatternKind::Tuple(items) => {
+            for i in items {
+                pattern_names(i, mutable, out);
+            }
+        }
+        ast::PatternKind::Record(fields) => {
+            for f in fields {
+                match &f.pattern {
+                    Some(p) => pattern_names(p, mutable, out),
+                    None => out.push((f.name.name.clone(), mutable)),
+                }
+            }
+        }
+    }
+}
+
+/// The names assigned in `block`, its loops and branches (not in the
+/// functions it defines, which cannot assign outer variables).
+fn assigned_in(block: &ast::Block, out: &mut Vec<String>) {
+    for stmt in &block.stmts {
+        match &stmt.kind {
+            ast::StmtKind::Assign { target, .. } => {
+                let mut names = Vec::new();
+                pattern_names(target, false, &mut names);
+                out.extend(names.into_iter().map(|(n, _)| n));
+            }
+            ast::StmtKind::Expr { expr, .. } => assigned_in_expr(expr, out),
+            ast::StmtKind::For { body, .. } | ast::StmtKind::While { body, .. } => {
+                assigned_in(body, out)
+            }
+            _ => {}
+        }
+    }
+    if let Some(t) = &block.tail {
+        assigned_in_expr(t, out);
+    }
+}
+
+fn assigned_in_expr(e: &ast::Expr, out: &mut Vec<String>) {
+    match &*e.kind {
+        ast::ExprKind::Block(b) => assigned_in(b, out),
+        ast::ExprKind::If(i) => {
+            assigned_in(&i.then, out);
+            match &i.else_ {
+                Some(ast::Else::Block(b)) => assigned_in(b, out),
+                Some(ast::Else::If(e)) => assigned_in_expr(e, out),
+                None => {}
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether `v` is or holds a function.
+fn holds_function(v: &Value) -> bool {
+    match v {
+        Value::Func(_) => true,
+        Value::Tuple(items) => items.iter().any(holds_function),
+        Value::Record(r) => r.fields.iter().any(|(_, v)| holds_function(v)),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn assignments_are_told_from_expressions() {
-        for a in [
-            "z = 2.0",
-            "z = 2.0;",
-            "v[i] += 1.0",
-            "m[0, 1] = 3.0",
-            "acc *= 2.0",
-        ] {
-            assert!(super::is_assignment(a), "{a}");
-        }
-        for e in [
-            "z == 2.0",
-            "z",
-            "f(x) = 1",
-            "3 = 4",
-            "v[i] == 1.0",
-            "grad(f)(1.0)",
-        ] {
-            assert!(!super::is_assignment(e), "{e}");
-        }
-    }
-
     use super::*;
 
     #[test]
@@ -1156,19 +1358,33 @@ mod tests {
     }
 
     #[test]
-    fn loops_that_assign_session_variables_are_found() {
-        let names = vec!["z".to_string(), "v".to_string()];
-        assert!(assigns_one_of("for i in 0..3 { z += 1.0 }", &names));
-        assert!(assigns_one_of(
-            "while k < 3 {\n  k += 1;\n  v[k] = 2.0;\n}",
-            &names
-        ));
-        assert!(assigns_one_of(
-            "if a > 0.0 { z = a } else { z = 0.0 }",
-            &names
-        ));
-        assert!(!assigns_one_of("for i in 0..3 { w += 1.0 }", &names));
-        assert!(!assigns_one_of("if z == 1.0 { 2.0 } else { 3.0 }", &names));
+    fn inputs_are_read_for_what_they_bind_and_assign() {
+        let assigned = |input: &str| InputShape::of(input).map(|(s, _)| s.assigned);
+        for (input, names) in [
+            ("z = 2.0", vec!["z"]),
+            ("v[i] += 1.0;", vec!["v"]),
+            ("(p, q) = (q, p);", vec!["p", "q"]),
+            ("{ p = 7.0; }", vec!["p"]),
+            ("for i in 0..3 { z += 1.0; }", vec!["z"]),
+            ("while k < 3 {\n  k += 1;\n  v[k] = 2.0;\n}", vec!["k", "v"]),
+            ("if a > 0.0 { z = a; } else { w = 0.0; }", vec!["z", "w"]),
+            ("z == 2.0", vec![]),
+            ("if z == 1.0 { 2.0 } else { 3.0 }", vec![]),
+            ("let f = |x| x * 2.0;", vec![]),
+        ] {
+            let want: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            assert_eq!(assigned(input), Some(want), "{input}");
+        }
+        let (s, amended) = InputShape::of("let (mut a, b) = (1.0, 2.0)").unwrap();
+        assert!(amended);
+        assert_eq!(
+            s.lets[0].1,
+            vec![("a".to_string(), true), ("b".to_string(), false)]
+        );
+        let (s, _) = InputShape::of("let mut r = { w: 1.0, b: 2 }; r.w").unwrap();
+        assert_eq!(s.lets[0].1, vec![("r".to_string(), true)]);
+        assert_eq!(s.tail, Some(30));
+        assert!(InputShape::of("f(1.0,").is_none());
     }
 
     #[test]

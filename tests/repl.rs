@@ -153,6 +153,53 @@ fn loops_and_ifs_at_the_prompt_keep_their_assignments() {
 }
 
 #[test]
+fn what_an_input_computed_and_printed_is_not_run_again() {
+    // The session keeps values, not statements: a loop that prints runs
+    // once, however many inputs follow (an outside probe found every later
+    // input printing "step" again, and recomputing the loop).
+    let r = repl(
+        &[],
+        "let mut s = 0.0
+for i in 0..3 { s += 1.0; print(\"step\", i); }
+s
+s * 2.0
+         let data = [1.0, 2.0, 3.0]; print(\"made\");
+sum(data) + s
+",
+    );
+    assert_eq!(
+        r.stdout, "step 0\nstep 1\nstep 2\n3.0\n6.0\nmade\n9.0\n",
+        "{r:?}"
+    );
+    // Tuple assignments, blocks, indexed updates and `if`s keep what they
+    // assign; a closure (which cannot be kept as a value) is replayed.
+    let r = repl(
+        &[],
+        "let (mut p, mut q) = (1.0, 2.0);
+(p, q) = (q, p);
+p - q
+{ p = 7.0; }
+p
+         let mut w = [1.0, 2.0, 3.0]
+w[1] = 9.0;
+w
+let f = |x| x * p;
+f(2.0)
+         if p > 1.0 { w = w * 2.0; q = 0.5; }
+(w, q)
+let v = [1.0]
+v[0] = 2.0;
+v
+",
+    );
+    assert_eq!(
+        r.stdout, "1.0\n7.0\n[1.0, 9.0, 3.0]\n14.0\n([2.0, 18.0, 6.0], 0.5)\n[1.0]\n",
+        "{r:?}"
+    );
+    assert!(r.stderr.contains("immutable variable `v`"), "{r:?}");
+}
+
+#[test]
 fn an_unterminated_string_is_an_error_at_once() {
     // (An outside probe found it swallowed the inputs after it.)
     let r = repl(&[], "print(\"abc)\n1.0 + 1.0\n");
