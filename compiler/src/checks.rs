@@ -73,6 +73,8 @@ pub enum Check {
         node: NodeId,
         /// `f`'s graph (its parameters are known once lowering is done).
         graph: crate::ir::GraphId,
+        /// For the tangents: the primals, whose shapes they must have.
+        primals: Option<NodeId>,
         what: &'static str,
         name: String,
         span: Span,
@@ -342,6 +344,7 @@ pub fn run(
             Check::JvpTuple {
                 node,
                 graph,
+                primals,
                 what,
                 name,
                 span,
@@ -351,7 +354,27 @@ pub fn run(
                 };
                 let len = &m.graph(*graph).params.len();
                 let got = match &v {
-                    AbsVal::Tuple(items) if items.len() == *len => continue,
+                    AbsVal::Tuple(items) if items.len() == *len => {
+                        let p = primals.and_then(|p| value(m, types, p));
+                        if let Some(AbsVal::Tuple(ps)) = p {
+                            let bad = items.iter().zip(&ps).enumerate().find(|(_, (t, p))| {
+                                matches!((t, p), (AbsVal::Tensor(t), AbsVal::Tensor(p))
+                                    if p.dtype.is_float() && t.shape != p.shape)
+                            });
+                            if let Some((i, (t, p))) = bad {
+                                out.push(
+                                    Diagnostic::error(
+                                        format!(
+                                            "`jvp` of `{name}`: tangent {i} has type {t}, but its primal is {p}"
+                                        ),
+                                        *span,
+                                    )
+                                    .with_note("a tangent has the shape of its primal"),
+                                );
+                            }
+                        }
+                        continue;
+                    }
                     AbsVal::Tuple(items) => format!("{} of them", items.len()),
                     AbsVal::Unknown | AbsVal::Bottom => continue,
                     other => format!("{other}, not a tuple"),

@@ -678,7 +678,8 @@ fn finalize(ctx: &mut dyn Ctx, d: &Value, x: &Value) -> Result<Value, RtError> {
                 let (dl, xl) = (&td.shape()[ld.len()..], &tx.shape()[lx.len()..]);
                 if dl != xl {
                     return err(format!(
-                        "grad_finalize: the gradient {}{:?} does not match the value {}{:?}",
+                        "a derivative has the shape of its value (the cotangent passed to a `vjp` pullback, \
+                         what a `bprop` rule returns, the tangents given to `jvp`): got {}{:?} for a value of type {}{:?}",
                         td.dtype(),
                         dl,
                         tx.dtype(),

@@ -633,7 +633,12 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             }
             Ok(AbsVal::Unknown)
         }
-        Prim::GradFinalize => Ok(finalized(&args[1])),
+        Prim::GradFinalize => {
+            if let Some((d, x)) = shape_mismatch(&args[0], &args[1]) {
+                return fail(derivative_shape_message(&d, &x));
+            }
+            Ok(finalized(&args[1]))
+        }
         Prim::SumTo => {
             let x = tensor(op, &args[0])?;
             let target = tensor(op, &args[1])?;
@@ -1552,7 +1557,7 @@ fn tuple_get(t: &AbsVal, i: &AbsVal) -> Rule {
                 Ok(items[j as usize].clone())
             } else {
                 fail(format!(
-                    "tuple_get: index {k} is out of range for a tuple of {n}: {t}"
+                    "index {k} is out of range for a tuple of {n} elements: {t}"
                 ))
             }
         }
@@ -1566,7 +1571,7 @@ fn tuple_get(t: &AbsVal, i: &AbsVal) -> Rule {
                 })?;
             }
             if items.is_empty() {
-                return fail("tuple_get: index out of range for the empty tuple ()");
+                return fail("index out of range for the empty tuple ()");
             }
             Ok(acc)
         }
@@ -1691,6 +1696,33 @@ fn gadd(a: &AbsVal, b: &AbsVal) -> AbsVal {
 /// The type of `grad_finalize(d, x)`: `x`'s structure, its tensors with
 /// their dtypes, shapes and weak flags (values unknown), its other leaves
 /// `()`.
+/// The first float tensor of `x` whose derivative in `d` has another
+/// shape: both types, as text (what `grad_finalize` refuses when it runs).
+fn shape_mismatch(d: &AbsVal, x: &AbsVal) -> Option<(String, String)> {
+    match (d, x) {
+        (AbsVal::Tensor(dt), AbsVal::Tensor(xt)) => {
+            (xt.dtype.is_float() && dt.shape != xt.shape).then(|| (d.to_string(), x.to_string()))
+        }
+        (AbsVal::Tuple(ds), AbsVal::Tuple(xs)) if ds.len() == xs.len() => {
+            ds.iter().zip(xs).find_map(|(a, b)| shape_mismatch(a, b))
+        }
+        (AbsVal::Record(ds), AbsVal::Record(xs)) => ds.iter().find_map(|(n, a)| {
+            let b = xs.iter().find(|(m, _)| m == n)?;
+            shape_mismatch(a, &b.1)
+        }),
+        _ => None,
+    }
+}
+
+/// The message for a derivative (a cotangent or a tangent) whose shape is
+/// not its value's; the runtime words it the same.
+pub fn derivative_shape_message(d: &str, x: &str) -> String {
+    format!(
+        "a derivative has the shape of its value (the cotangent passed to a `vjp` pullback, \
+         what a `bprop` rule returns, the tangents given to `jvp`): got {d} for a value of type {x}"
+    )
+}
+
 fn finalized(x: &AbsVal) -> AbsVal {
     match x {
         AbsVal::Tensor(t) => AbsVal::Tensor(AbsTensor::new(t.dtype, t.shape.clone(), t.weak)),
@@ -2263,7 +2295,7 @@ mod tests {
         );
         assert_eq!(
             ty(Prim::TupleGet, &[t.clone(), AbsVal::int(2, true)]),
-            "error: tuple_get: index 2 is out of range for a tuple of 2: (f32[2], i64[])"
+            "error: index 2 is out of range for a tuple of 2 elements: (f32[2], i64[])"
         );
         assert!(ty(Prim::TupleGet, &[t, AbsVal::weak_scalar(I64)]).contains("different types"));
         let r = run(

@@ -588,7 +588,7 @@ impl Lowerer<'_> {
         if which == "grad" || which == "value_and_grad" {
             return Ok(callee);
         }
-        let mut vals = Vec::new();
+        let mut vals: Vec<NodeId> = Vec::new();
         for (k, a) in rest.iter().enumerate() {
             let v = self.lower_expr(module, cx, &a.value)?;
             if which == "jvp" {
@@ -596,6 +596,7 @@ impl Lowerer<'_> {
                 self.checks.push(Check::JvpTuple {
                     node: v,
                     graph: source,
+                    primals: if k == 1 { vals.first().copied() } else { None },
                     what,
                     name: fname.clone(),
                     span: a.value.span,

@@ -29,7 +29,7 @@ pub fn tuple_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
             (0 | -2, Some(top)) => Ok(top),
             (1 | -1, Some(_)) => Ok(Value::Tape(t.rest())),
             _ => Err(RtError::new(format!(
-                "tuple_get: index {i} is out of range for a tuple of {n}"
+                "index {i} is out of range for a tuple of {n} elements"
             ))),
         };
     }
@@ -41,7 +41,7 @@ pub fn tuple_get(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
         Ok(items[j as usize].clone())
     } else {
         Err(RtError::new(format!(
-            "tuple_get: index {i} is out of range for a tuple of {n}"
+            "index {i} is out of range for a tuple of {n} elements"
         )))
     }
 }
@@ -159,7 +159,7 @@ mod tests {
         );
         assert_eq!(
             call_err("tuple_get", &[t, v(Tensor::weak_i64(2))]),
-            "tuple_get: index 2 is out of range for a tuple of 2"
+            "index 2 is out of range for a tuple of 2 elements"
         );
         assert_eq!(call("make_tuple", &[]), Value::unit());
     }
