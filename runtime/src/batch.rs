@@ -970,14 +970,17 @@ fn try_stack(
                     physical(&u, &ls, &t, r, true).map(Value::Tensor)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let k = u.0.len();
-            let s = kshape::stack(ctx, &[Value::tuple(items), int(k as i64)])?;
+            // The new lanes' axis goes among the others in level order
+            // (the lanes of each lane's outputs may be of outer levels:
+            // `vmap` of code run lane by lane inside another `vmap`).
+            let mut levels = u.levels();
+            let p = levels.iter().filter(|&&l| l < level).count();
+            let s = kshape::stack(ctx, &[Value::tuple(items), int(p as i64)])?;
             let t = s
                 .as_tensor()
                 .cloned()
                 .ok_or_else(|| RtError::new("vmap: stack gave no tensor"))?;
-            let mut levels = u.levels();
-            levels.push(level);
+            levels.insert(p, level);
             wrap(levels, t)
         }
         Value::Tuple(t) => {
