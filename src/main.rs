@@ -104,9 +104,11 @@ enum Command {
         function: String,
         #[arg(long, num_args = 1.., required = true, allow_hyphen_values = true)]
         at: Vec<String>,
-        /// Largest relative error accepted.
-        #[arg(long, default_value_t = 1e-4)]
-        tolerance: f64,
+        /// Largest relative error accepted [default: 1e-4, or 3e-2 when a
+        /// differentiated parameter is annotated f32, whose finite
+        /// differences are taken in f32].
+        #[arg(long)]
+        tolerance: Option<f64>,
     },
     /// An interactive session: definitions, expressions, `:grad`, `:ir`, ...
     /// (`:help` lists the commands).
@@ -314,8 +316,13 @@ fn run(cli: Cli, comm: Comm) -> ExitCode {
             function,
             at,
             tolerance,
-        } => match run_driver(&file, driver::check_grad_driver(&file, &function, &at)) {
-            Ok(v) => {
+        } => match driver::check_grad_driver(&file, &function, &at)
+            .map_err(SessionError::message)
+            .and_then(|d| {
+                let tolerance = tolerance.unwrap_or(if d.in_f32 { 3e-2 } else { 1e-4 });
+                run_driver(&file, Ok(d.source)).map(|v| (v, tolerance))
+            }) {
+            Ok((v, tolerance)) => {
                 let worst = v
                     .as_tensor()
                     .and_then(|t| t.to_f64_scalar())

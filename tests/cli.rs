@@ -495,8 +495,19 @@ fn grad_drivers_keep_to_their_own_names_and_text() {
     let d = Dir::new("grad_names");
     d.write(
         "f.adj",
-        "fn g(x) = x * x;\nfn e(x) = sin(x) * g(x);\nfn h(x, k) = e(x) * k;\nfn v(x) = [x, x];\n",
+        "fn g(x) = x * x;\nfn e(x) = sin(x) * g(x);\nfn h(x, k) = e(x) * k;\nfn v(x) = [x, x];\n\
+         fn w(x: f32[2]) = sum(exp(x));\n",
     );
+    // An f32-annotated parameter is given an f32; check-grad's finite
+    // differences are then taken in f32, with a wider default tolerance.
+    let r = adjoint(&d, &["check-grad", "f.adj", "w", "--at", "[1.0, 2.0]"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stdout.contains("in f32") && r.stdout.ends_with("ok (tolerance 3e-2)\n"),
+        "{r:?}"
+    );
+    let r = adjoint(&d, &["grad", "f.adj", "w", "--at", "[1.0, 2.0]"]);
+    assert_succeeds(&r, "value: 10.107338\ngradient 0: [2.7182817, 7.389056]\n");
     for f in ["e", "g"] {
         let r = adjoint(&d, &["check-grad", "f.adj", f, "--at", "0.5"]);
         assert_eq!(r.code, Some(0), "{f}: {r:?}");
