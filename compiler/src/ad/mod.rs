@@ -1069,10 +1069,13 @@ impl<'a> Ad<'a> {
         AdError {
             loc,
             message: format!(
-                "IO inside differentiated code: `{}` prints or reads/writes files",
+                "IO inside a transformed function: `{}` prints or reads/writes files",
                 self.m.graph(f).name
             ),
-            note: Some("move the IO out of the function that is differentiated".into()),
+            note: Some(
+                "`grad`, `jvp`, `vjp` and `vmap` take functions without IO: move the IO out of the function"
+                    .into(),
+            ),
         }
     }
 

@@ -712,10 +712,12 @@ impl Lowerer<'_> {
         }
         let io = |n: &str| {
             let mut d = Diagnostic::error(
-                format!("IO inside differentiated code: `{n}` prints or reads/writes files"),
+                format!("IO inside a transformed function: `{n}` prints or reads/writes files"),
                 e.span,
             )
-            .with_note("move the IO out of the function that is differentiated");
+            .with_note(
+                "`grad`, `jvp`, `vjp` and `vmap` take functions without IO: move the IO out of the function",
+            );
             // Show the IO itself when the function is a global one.
             if let Some(def) = self.global_fn(module, n).map(|k| self.fn_def(k)) {
                 if let Some(at) = first_io_call(&def.body) {
