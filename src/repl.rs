@@ -76,8 +76,15 @@ enum Binding {
         value: Value,
     },
     /// A `let` whose value holds a function (which cannot be passed in):
-    /// run again at the start of every later input.
-    Replay(Def),
+    /// run again at the start of every later input. `value` is where its
+    /// right-hand side is in `def.text`; it is run with the session values
+    /// it names as they were when it was typed (`captured`), as a closure
+    /// captures by value.
+    Replay {
+        def: Def,
+        value: std::ops::Range<usize>,
+        captured: Vec<(String, Value)>,
+    },
 }
 
 impl Binding {
@@ -93,7 +100,7 @@ impl Binding {
                 let m = if *mutable { "mut " } else { "" };
                 format!("let {m}{name} = {};", rhs(value))
             }
-            Binding::Replay(d) => d.text.clone(),
+            Binding::Replay { def, .. } => def.text.clone(),
         }
     }
 }
@@ -402,8 +409,27 @@ impl Repl {
                     lets.push("\n", None);
                     args.push(value.clone());
                 }
-                Binding::Replay(d) => {
-                    lets.push(&d.text, d.origin.as_ref());
+                Binding::Replay {
+                    def,
+                    value,
+                    captured,
+                } => {
+                    let at = |k: usize| {
+                        def.origin.as_ref().map(|o| Origin {
+                            entry: o.entry.clone(),
+                            offset: o.offset + k,
+                        })
+                    };
+                    let t = &def.text;
+                    lets.push(&t[..value.start], at(0).as_ref());
+                    lets.push("{ ", None);
+                    for (name, v) in captured {
+                        lets.push(&format!("let {name} = __repl_v{}; ", args.len()), None);
+                        args.push(v.clone());
+                    }
+                    lets.push(&t[value.clone()], at(value.start).as_ref());
+                    lets.push(" }", None);
+                    lets.push(&t[value.end..], at(value.end).as_ref());
                     lets.push("\n", None);
                 }
             }
@@ -472,7 +498,7 @@ impl Repl {
         let let_names: Vec<&str> = shape
             .lets
             .iter()
-            .flat_map(|(_, ns)| ns.iter().map(|(n, _)| n.as_str()))
+            .flat_map(|(_, _, ns)| ns.iter().map(|(n, _)| n.as_str()))
             .collect();
         let assigned: Vec<String> = self
             .bindings
@@ -540,11 +566,11 @@ impl Repl {
             }
         }
         let mut bound = bound.into_iter();
-        for (range, names) in &shape.lets {
+        for (range, value_range, names) in &shape.lets {
             let values: Vec<Value> = bound.by_ref().take(names.len()).collect();
             self.bindings.retain(|b| match b {
                 Binding::Value { name, .. } => !names.iter().any(|(n, _)| n == name),
-                Binding::Replay(_) => true,
+                Binding::Replay { .. } => true,
             });
             if values.iter().any(holds_function) {
                 let text = &input[range.clone()];
@@ -552,11 +578,26 @@ impl Repl {
                 if !t.trim_end().ends_with(';') {
                     t.push(';');
                 }
-                self.bindings.push(Binding::Replay(Def {
-                    key: "let".into(),
-                    text: t,
-                    origin: self.origin(text),
-                }));
+                let rhs = value_range.start - range.start..value_range.end - range.start;
+                let captured = self
+                    .bindings
+                    .iter()
+                    .filter_map(|b| match b {
+                        Binding::Value { name, value, .. } if names_word(&t[rhs.clone()], name) => {
+                            Some((name.clone(), value.clone()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                self.bindings.push(Binding::Replay {
+                    def: Def {
+                        key: "let".into(),
+                        text: t,
+                        origin: self.origin(text),
+                    },
+                    value: rhs,
+                    captured,
+                });
             } else {
                 for ((name, mutable), value) in names.iter().zip(values) {
                     self.bindings.push(Binding::Value {
@@ -711,9 +752,9 @@ impl Repl {
         for b in &self.bindings {
             match b {
                 Binding::Value { name, .. } => names.push(name.clone()),
-                Binding::Replay(d) => {
-                    if let Some((shape, _)) = InputShape::of(&d.text) {
-                        for (_, ns) in shape.lets {
+                Binding::Replay { def, .. } => {
+                    if let Some((shape, _)) = InputShape::of(&def.text) {
+                        for (_, _, ns) in shape.lets {
                             names.extend(ns.into_iter().map(|(n, _)| n));
                         }
                     }
@@ -1218,9 +1259,15 @@ pub fn run(mode: Mode) -> std::process::ExitCode {
 
 /// What an input binds and assigns, read from its syntax.
 struct InputShape {
-    /// Its top-level `let` statements: where each is in the input, and
-    /// the names it binds (with whether each is `mut`).
-    lets: Vec<(std::ops::Range<usize>, Vec<(String, bool)>)>,
+    /// Its top-level `let` statements: where each is in the input, where
+    /// its right-hand side is, and the names it binds (with whether each
+    /// is `mut`).
+    #[allow(clippy::type_complexity)]
+    lets: Vec<(
+        std::ops::Range<usize>,
+        std::ops::Range<usize>,
+        Vec<(String, bool)>,
+    )>,
     /// The names its assignments target, in loops and branches too.
     assigned: Vec<String>,
     /// Where its final expression (whose value is printed) starts.
@@ -1258,13 +1305,18 @@ impl InputShape {
         };
         for stmt in &block.stmts {
             if let ast::StmtKind::Let {
-                pattern, mutable, ..
+                pattern,
+                mutable,
+                value,
+                ..
             } = &stmt.kind
             {
                 let mut names = Vec::new();
                 pattern_names(pattern, *mutable, &mut names);
-                let r = stmt.span.range();
-                shape.lets.push((at(r.start)..at(r.end), names));
+                let (r, v) = (stmt.span.range(), value.span.range());
+                shape
+                    .lets
+                    .push((at(r.start)..at(r.end), at(v.start)..at(v.end), names));
             }
         }
         assigned_in(block, &mut shape.assigned);
@@ -1331,6 +1383,12 @@ fn assigned_in_expr(e: &ast::Expr, out: &mut Vec<String>) {
     }
 }
 
+/// Whether `text` has `name` as a word (an identifier, not part of one).
+fn names_word(text: &str, name: &str) -> bool {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .any(|w| w == name)
+}
+
 /// Whether `v` is or holds a function.
 fn holds_function(v: &Value) -> bool {
     match v {
@@ -1378,7 +1436,7 @@ mod tests {
         let (s, amended) = InputShape::of("let (mut a, b) = (1.0, 2.0)").unwrap();
         assert!(amended);
         assert_eq!(
-            s.lets[0].1,
+            s.lets[0].2,
             vec![("a".to_string(), true), ("b".to_string(), false)]
         );
         let (s, _) = InputShape::of("let mut r = { w: 1.0, b: 2 }; r.w").unwrap();

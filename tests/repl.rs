@@ -197,6 +197,12 @@ v
         "{r:?}"
     );
     assert!(r.stderr.contains("immutable variable `v`"), "{r:?}");
+    // A closure keeps the values it captured when it was made.
+    let r = repl(
+        &[],
+        "let mut s = 3.0\nlet f = |x| x * s\ns = 100.0;\nf(2.0)\nlet g = |x| f(x) + s\ng(1.0)\n",
+    );
+    assert_eq!(r.stdout, "6.0\n103.0\n", "{r:?}");
 }
 
 #[test]
