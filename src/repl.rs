@@ -1440,7 +1440,7 @@ mod tests {
             vec![("a".to_string(), true), ("b".to_string(), false)]
         );
         let (s, _) = InputShape::of("let mut r = { w: 1.0, b: 2 }; r.w").unwrap();
-        assert_eq!(s.lets[0].1, vec![("r".to_string(), true)]);
+        assert_eq!(s.lets[0].2, vec![("r".to_string(), true)]);
         assert_eq!(s.tail, Some(30));
         assert!(InputShape::of("f(1.0,").is_none());
     }
