@@ -824,3 +824,74 @@ fn calls_from_threads() {
         close(&got[1..], &[want], 1e-12, &format!("thread {k}"));
     }
 }
+
+const RELU_MAIN: &str = r#"
+#include <stdio.h>
+#include "relu0.h"
+
+int main(void) {
+    float x[2] = {-1.5f, 2.0f}, v = 7.0f, g[2];
+    int64_t xs[1] = {2};
+    adj_tensor in[1] = {{x, xs, 1, ADJ_F32}};
+    adj_tensor out[1] = {{&v, NULL, 0, ADJ_F32}};
+    adj_tensor grads[1] = {{g, xs, 1, ADJ_F32}};
+    if (relu0(in, 1, out, 1) || relu0_grad(in, 1, grads, 1)) {
+        printf("error: %s\n", adjoint_last_error());
+        return 1;
+    }
+    printf("%g %g %g\n", v, g[0], g[1]);
+    x[0] = 3.0f;
+    if (relu0(in, 1, out, 1)) { printf("error: %s\n", adjoint_last_error()); return 1; }
+    printf("%g\n", v);
+    return 0;
+}
+"#;
+
+/// A library compiled per argument signature gives a weak literal the
+/// type of its join: `relu0` of an f32 vector returns an f32 on the
+/// literal's path too (it gave a weak f64 there, which an f32 output does
+/// not take).
+#[test]
+fn weak_literal_paths_return_the_argument_dtype() {
+    if !have_cc("weak_literal_paths_return_the_argument_dtype") {
+        return;
+    }
+    let rt = runtime_lib();
+    let d = Dir::new("relu");
+    let src = d.write(
+        "relu.adj",
+        "fn relu0(x) { if x[0] > 0.0 { x[0] } else { 0.0 } }\n",
+    );
+    let lib = d.path("librelu.so");
+    ok(
+        &adjoint(&[
+            "build",
+            src.to_str().unwrap(),
+            "--entry",
+            "relu0",
+            "--with-grad",
+            "-o",
+            lib.to_str().unwrap(),
+            "--runtime",
+            rt.to_str().unwrap(),
+        ]),
+        "adjoint build",
+    );
+    let c = d.write("main.c", RELU_MAIN);
+    let exe = d.path("main");
+    ok(
+        &run(Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&c)
+            .arg("-I")
+            .arg(&d.0)
+            .arg("-L")
+            .arg(&d.0)
+            .arg("-lrelu")
+            .arg(format!("-Wl,-rpath,{}", d.0.display()))),
+        "cc",
+    );
+    let stdout = ok(&run(&mut Command::new(&exe)), "the C program");
+    assert_eq!(stdout, "0 0 0\n3\n");
+}

@@ -309,9 +309,19 @@ impl AotModule {
         // Kernels need types; a program inference cannot type still runs
         // (on the reference kernels), and the VM reports its errors.
         let types = crate::infer::infer_module_with(&self.module, *g, &abs, &opts);
+        // Weak literals take the type of their joins for these arguments
+        // (as a program run by the command does, `crate::adopt`).
+        let adopted = types
+            .as_ref()
+            .ok()
+            .and_then(|t| crate::adopt::weak_joins(&self.module, t));
+        let (module, types) = match &adopted {
+            Some(m) => (m, crate::infer::infer_module_with(m, *g, &abs, &opts)),
+            None => (&self.module, types),
+        };
         let opts = crate::options::CompilerOptions::default();
-        let plan = crate::fuse::plan(&self.module, &[*g], types.as_ref().ok(), &opts);
-        let ex = vmgen::compile_with(&self.module, &[*g], Some(&plan), &opts)
+        let plan = crate::fuse::plan(module, &[*g], types.as_ref().ok(), &opts);
+        let ex = vmgen::compile_with(module, &[*g], Some(&plan), &opts)
             .map_err(|e| format!("internal error: {}", e.message))?;
         Ok(Compiled {
             ex,
