@@ -108,6 +108,27 @@ fn ok(out: &Output, what: &str) -> String {
 }
 
 /// The numbers a program printed, line by line, after each line's label.
+/// Compiles `main_c` in `d` against the library `lib{name}.so` there,
+/// runs it and returns what it printed.
+fn run_c(d: &Dir, main_c: &str, name: &str) -> String {
+    let c = d.write("main.c", main_c);
+    let exe = d.path("main");
+    ok(
+        &run(Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&c)
+            .arg("-I")
+            .arg(&d.0)
+            .arg("-L")
+            .arg(&d.0)
+            .arg(format!("-l{name}"))
+            .arg(format!("-Wl,-rpath,{}", d.0.display()))),
+        "cc",
+    );
+    ok(&run(&mut Command::new(&exe)), "the C program")
+}
+
 fn numbers(stdout: &str, label: &str) -> Vec<f64> {
     let line = stdout
         .lines()
@@ -285,22 +306,7 @@ fn shared_library_value_and_gradient_from_c() {
             assert!(!names.contains(&"adjoint_aot_call"), "{names:?}");
         }
     }
-    let c = d.write("main.c", F_MAIN);
-    let exe = d.path("main");
-    ok(
-        &run(Command::new("cc")
-            .arg("-o")
-            .arg(&exe)
-            .arg(&c)
-            .arg("-I")
-            .arg(&d.0)
-            .arg("-L")
-            .arg(&d.0)
-            .arg("-lf")
-            .arg(format!("-Wl,-rpath,{}", d.0.display()))),
-        "cc",
-    );
-    let stdout = ok(&run(&mut Command::new(&exe)), "the C program");
+    let stdout = run_c(&d, F_MAIN, "f");
 
     let (v, dw, dx) = f_reference();
     close(&numbers(&stdout, "value"), &[v], 1e-12, "value");
@@ -617,22 +623,7 @@ fn loop_int_parameter_and_wrt() {
     let header = std::fs::read_to_string(d.path("loss.h")).expect("loss.h");
     assert!(header.contains("with respect to w, x."), "{header}");
     assert!(header.contains("n_out = 2:"), "{header}");
-    let c = d.write("main.c", LOOP_MAIN);
-    let exe = d.path("main");
-    ok(
-        &run(Command::new("cc")
-            .arg("-o")
-            .arg(&exe)
-            .arg(&c)
-            .arg("-I")
-            .arg(&d.0)
-            .arg("-L")
-            .arg(&d.0)
-            .arg("-lloss")
-            .arg(format!("-Wl,-rpath,{}", d.0.display()))),
-        "cc",
-    );
-    let stdout = ok(&run(&mut Command::new(&exe)), "the C program");
+    let stdout = run_c(&d, LOOP_MAIN, "loss");
     let text = std::fs::read_to_string(example).expect("the example");
     let src = format!(
         r#"{text}
@@ -877,21 +868,6 @@ fn weak_literal_paths_return_the_argument_dtype() {
         ]),
         "adjoint build",
     );
-    let c = d.write("main.c", RELU_MAIN);
-    let exe = d.path("main");
-    ok(
-        &run(Command::new("cc")
-            .arg("-o")
-            .arg(&exe)
-            .arg(&c)
-            .arg("-I")
-            .arg(&d.0)
-            .arg("-L")
-            .arg(&d.0)
-            .arg("-lrelu")
-            .arg(format!("-Wl,-rpath,{}", d.0.display()))),
-        "cc",
-    );
-    let stdout = ok(&run(&mut Command::new(&exe)), "the C program");
+    let stdout = run_c(&d, RELU_MAIN, "relu");
     assert_eq!(stdout, "0 0 0\n3\n");
 }
