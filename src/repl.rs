@@ -515,7 +515,14 @@ impl Repl {
             })
             .collect();
         if shape.lets.is_empty() && assigned.is_empty() {
-            let v = self.eval_gen(self.typed(input), out)?;
+            // (`k = k + 1` typed without its `;`, for a `k` that is not a
+            // session variable: compiled as typed, with the `;`, so that
+            // the error is about `k`.)
+            let mut body = self.typed(input);
+            if amended {
+                body.push(";", None);
+            }
+            let v = self.eval_gen(body, out)?;
             print_value(&v, out);
             return Ok(());
         }

@@ -203,6 +203,16 @@ v
         "let mut s = 3.0\nlet f = |x| x * s\ns = 100.0;\nf(2.0)\nlet g = |x| f(x) + s\ng(1.0)\n",
     );
     assert_eq!(r.stdout, "6.0\n103.0\n", "{r:?}");
+    // Shadowing a captured variable leaves the closure its value; an
+    // assignment typed without `;` to a name the session lacks is an
+    // error about that name (an outside probe found a parse error in
+    // generated code, and a session every later input of which failed).
+    let r = repl(
+        &[],
+        "k = k + 1\nlet x = 3.0\nlet c = |z| z * x\nlet x = 10.0\nc(2.0)\nx\n1.0 + 1.0\n",
+    );
+    assert_eq!(r.stdout, "6.0\n10.0\n2.0\n", "{r:?}");
+    assert!(r.stderr.contains("unknown name `k`"), "{r:?}");
 }
 
 #[test]
