@@ -416,7 +416,9 @@ pub fn run(
                 let (AbsVal::Tensor(a), AbsVal::Tensor(b)) = (va, vb) else {
                     continue;
                 };
-                if !a.weak && !b.weak && a.dtype != b.dtype {
+                // A bool never takes the place of a number, weak or not.
+                let bools = (a.dtype == DType::Bool) != (b.dtype == DType::Bool);
+                if (!a.weak && !b.weak || bools) && a.dtype != b.dtype {
                     out.push(
                         Diagnostic::error(
                             format!(
