@@ -498,7 +498,7 @@ impl Repl {
         let let_names: Vec<&str> = shape
             .lets
             .iter()
-            .flat_map(|(_, _, ns)| ns.iter().map(|(n, _)| n.as_str()))
+            .flat_map(|l| l.names.iter().map(|(n, _)| n.as_str()))
             .collect();
         let assigned: Vec<String> = self
             .bindings
@@ -573,7 +573,12 @@ impl Repl {
             }
         }
         let mut bound = bound.into_iter();
-        for (range, value_range, names) in &shape.lets {
+        for LetStmt {
+            stmt: range,
+            value: value_range,
+            names,
+        } in &shape.lets
+        {
             let values: Vec<Value> = bound.by_ref().take(names.len()).collect();
             self.bindings.retain(|b| match b {
                 Binding::Value { name, .. } => !names.iter().any(|(n, _)| n == name),
@@ -761,8 +766,8 @@ impl Repl {
                 Binding::Value { name, .. } => names.push(name.clone()),
                 Binding::Replay { def, .. } => {
                     if let Some((shape, _)) = InputShape::of(&def.text) {
-                        for (_, _, ns) in shape.lets {
-                            names.extend(ns.into_iter().map(|(n, _)| n));
+                        for l in shape.lets {
+                            names.extend(l.names.into_iter().map(|(n, _)| n));
                         }
                     }
                 }
@@ -1264,17 +1269,20 @@ pub fn run(mode: Mode) -> std::process::ExitCode {
     }
 }
 
+/// A top-level `let` of an input.
+struct LetStmt {
+    /// Where the statement is in the input.
+    stmt: std::ops::Range<usize>,
+    /// Where its right-hand side is in the input.
+    value: std::ops::Range<usize>,
+    /// The names it binds, with whether each is `mut`.
+    names: Vec<(String, bool)>,
+}
+
 /// What an input binds and assigns, read from its syntax.
 struct InputShape {
-    /// Its top-level `let` statements: where each is in the input, where
-    /// its right-hand side is, and the names it binds (with whether each
-    /// is `mut`).
-    #[allow(clippy::type_complexity)]
-    lets: Vec<(
-        std::ops::Range<usize>,
-        std::ops::Range<usize>,
-        Vec<(String, bool)>,
-    )>,
+    /// Its top-level `let` statements.
+    lets: Vec<LetStmt>,
     /// The names its assignments target, in loops and branches too.
     assigned: Vec<String>,
     /// Where its final expression (whose value is printed) starts.
@@ -1321,9 +1329,11 @@ impl InputShape {
                 let mut names = Vec::new();
                 pattern_names(pattern, *mutable, &mut names);
                 let (r, v) = (stmt.span.range(), value.span.range());
-                shape
-                    .lets
-                    .push((at(r.start)..at(r.end), at(v.start)..at(v.end), names));
+                shape.lets.push(LetStmt {
+                    stmt: at(r.start)..at(r.end),
+                    value: at(v.start)..at(v.end),
+                    names,
+                });
             }
         }
         assigned_in(block, &mut shape.assigned);
@@ -1443,11 +1453,11 @@ mod tests {
         let (s, amended) = InputShape::of("let (mut a, b) = (1.0, 2.0)").unwrap();
         assert!(amended);
         assert_eq!(
-            s.lets[0].2,
+            s.lets[0].names,
             vec![("a".to_string(), true), ("b".to_string(), false)]
         );
         let (s, _) = InputShape::of("let mut r = { w: 1.0, b: 2 }; r.w").unwrap();
-        assert_eq!(s.lets[0].2, vec![("r".to_string(), true)]);
+        assert_eq!(s.lets[0].names, vec![("r".to_string(), true)]);
         assert_eq!(s.tail, Some(30));
         assert!(InputShape::of("f(1.0,").is_none());
     }

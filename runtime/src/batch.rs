@@ -31,6 +31,7 @@ use crate::error::RtError;
 use crate::kernels::ctx::{Ctx, Kernel};
 use crate::kernels::strided::broadcast_tensor;
 use crate::kernels::{ad, args as kargs, index, map, reduce, shape as kshape};
+use crate::shape::TensorTy;
 use crate::tensor::{DType, Tensor};
 use crate::value::CodeId;
 use crate::value::{Closure, Record, Value};
@@ -677,13 +678,9 @@ fn finalize(ctx: &mut dyn Ctx, d: &Value, x: &Value) -> Result<Value, RtError> {
             (Some((ld, td)), Some((lx, tx))) if !ld.is_empty() || !lx.is_empty() => {
                 let (dl, xl) = (&td.shape()[ld.len()..], &tx.shape()[lx.len()..]);
                 if dl != xl {
-                    return err(format!(
-                        "a derivative has the shape of its value (the cotangent passed to a `vjp` pullback, \
-                         what a `bprop` rule returns, the tangents given to `jvp`): got {}{:?} for a value of type {}{:?}",
-                        td.dtype(),
-                        dl,
-                        tx.dtype(),
-                        xl
+                    return err(ad::derivative_shape_message(
+                        &TensorTy::new(td.dtype(), dl).to_string(),
+                        &TensorTy::new(tx.dtype(), xl).to_string(),
                     ));
                 }
                 Ok(wrap(ld.to_vec(), td.cast(tx.dtype()).with_weak(tx.weak)))

@@ -635,7 +635,9 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
         }
         Prim::GradFinalize => {
             if let Some((d, x)) = shape_mismatch(&args[0], &args[1]) {
-                return fail(derivative_shape_message(&d, &x));
+                return fail(adjoint_runtime::kernels::ad::derivative_shape_message(
+                    &d, &x,
+                ));
             }
             Ok(finalized(&args[1]))
         }
@@ -1693,9 +1695,6 @@ fn gadd(a: &AbsVal, b: &AbsVal) -> AbsVal {
     }
 }
 
-/// The type of `grad_finalize(d, x)`: `x`'s structure, its tensors with
-/// their dtypes, shapes and weak flags (values unknown), its other leaves
-/// `()`.
 /// The first float tensor of `x` whose derivative in `d` has another
 /// shape: both types, as text (what `grad_finalize` refuses when it runs).
 fn shape_mismatch(d: &AbsVal, x: &AbsVal) -> Option<(String, String)> {
@@ -1714,15 +1713,9 @@ fn shape_mismatch(d: &AbsVal, x: &AbsVal) -> Option<(String, String)> {
     }
 }
 
-/// The message for a derivative (a cotangent or a tangent) whose shape is
-/// not its value's; the runtime words it the same.
-pub fn derivative_shape_message(d: &str, x: &str) -> String {
-    format!(
-        "a derivative has the shape of its value (the cotangent passed to a `vjp` pullback, \
-         what a `bprop` rule returns, the tangents given to `jvp`): got {d} for a value of type {x}"
-    )
-}
-
+/// The type of `grad_finalize(d, x)`: `x`'s structure, its tensors with
+/// their dtypes, shapes and weak flags (values unknown), its other leaves
+/// `()`.
 fn finalized(x: &AbsVal) -> AbsVal {
     match x {
         AbsVal::Tensor(t) => AbsVal::Tensor(AbsTensor::new(t.dtype, t.shape.clone(), t.weak)),

@@ -238,6 +238,16 @@ pub fn grad_finalize(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> 
     finalize(&args[0], &args[1])
 }
 
+/// The message for a derivative (a cotangent or a tangent) that does not
+/// have its value's shape (`got`, `value`: their types as text), also
+/// what type inference reports when it finds one before the program runs.
+pub fn derivative_shape_message(got: &str, value: &str) -> String {
+    format!(
+        "a derivative has the shape of its value (the cotangent passed to a `vjp` pullback, \
+         what a `bprop` rule returns, the tangents given to `jvp`): got {got} for a value of type {value}"
+    )
+}
+
 fn finalize(d: &Value, x: &Value) -> Result<Value, RtError> {
     match (d, x) {
         (Value::Zero, _) => zeros_like_value(x),
@@ -246,11 +256,9 @@ fn finalize(d: &Value, x: &Value) -> Result<Value, RtError> {
         (_, Value::Tensor(xt)) if !xt.dtype().is_float() => zeros_like_value(x),
         (Value::Tensor(dt), Value::Tensor(xt)) => {
             if dt.shape() != xt.shape() {
-                return err(format!(
-                    "a derivative has the shape of its value (the cotangent passed to a `vjp` pullback, \
-                     what a `bprop` rule returns, the tangents given to `jvp`): got {} for a value of type {}",
-                    dt.type_string(),
-                    xt.type_string()
+                return err(derivative_shape_message(
+                    &dt.type_string(),
+                    &xt.type_string(),
                 ));
             }
             Ok(Value::Tensor(dt.cast(xt.dtype()).with_weak(xt.weak)))
