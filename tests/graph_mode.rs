@@ -910,7 +910,7 @@ fn main() {
     assert_eq!(graph.lines().count(), 3, "{graph}");
     for e in [&graph_err, &eager_err] {
         assert!(
-            e.summary().contains("div: integer division by zero"),
+            e.summary().contains("`/`: integer division by zero"),
             "{}",
             e.render(false)
         );
@@ -930,7 +930,7 @@ fn main() {
         let err = s.run_main(&mut Vec::new()).unwrap_err();
         assert!(
             err.summary()
-                .contains("pow: negative exponent -1 for an integer power"),
+                .contains("`**`: negative exponent -1 for an integer power"),
             "{}",
             err.render(false)
         );
@@ -972,7 +972,7 @@ fn main() {
     assert_eq!(graph_out.lines().count(), 1, "{graph_out}");
     for e in [&graph_err, &eager_err] {
         assert!(
-            e.summary().contains("div: integer division by zero"),
+            e.summary().contains("`/`: integer division by zero"),
             "{}",
             e.render(false)
         );

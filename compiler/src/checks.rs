@@ -33,6 +33,10 @@ pub enum Check {
     Einsum {
         operands: Vec<(NodeId, Vec<char>, Span)>,
     },
+    /// The values a function returns (`return` statements, flagged, and
+    /// its end), where a `return` gives one: reported only to explain a
+    /// failed inference, as values of types that do not join.
+    Returns { values: Vec<(NodeId, Span, bool)> },
     /// `for x in t` iterates over a tuple `t` (`node`).
     ForTuple { node: NodeId, span: Span },
     /// A bound of `for i in a..b` (`node`, written at `span`) is an int.
@@ -272,6 +276,43 @@ pub fn run(
                     );
                 }
             }
+            Check::Returns { values } if failed => {
+                let typed: Vec<_> = values
+                    .iter()
+                    .filter_map(|&(n, s, explicit)| {
+                        let v = value(m, types, n)?;
+                        (!v.is_bottom()).then_some((v, s, explicit))
+                    })
+                    .collect();
+                let clash = typed.iter().enumerate().find_map(|(i, a)| {
+                    typed[i + 1..]
+                        .iter()
+                        .find(|b| crate::infer::domain::join(&a.0, &b.0).is_none())
+                        .map(|b| (a, b))
+                });
+                let Some((a, b)) = clash else {
+                    continue;
+                };
+                // Blame a `return` statement (the first of the two that is).
+                let (ret, other) = if a.2 { (a, b) } else { (b, a) };
+                let what = if other.2 {
+                    "another `return`"
+                } else {
+                    "the function's end"
+                };
+                out.push(
+                    Diagnostic::error(
+                        format!(
+                            "this `return` gives {}, but {what} gives {}",
+                            ret.0.user_view(),
+                            other.0.user_view()
+                        ),
+                        ret.1,
+                    )
+                    .with_secondary(other.1, format!("{}", other.0.user_view()))
+                    .with_note("a function returns one type: every `return` and its last expression must agree"),
+                );
+            }
             Check::FnArg {
                 node,
                 what,
@@ -289,7 +330,7 @@ pub fn run(
                     .with_note(format!("differentiate a closure that makes the call instead, e.g. `{transform}(|x| f(x, g))(x)`")),
                 );
             }
-            Check::FnArg { .. } => {}
+            Check::FnArg { .. } | Check::Returns { .. } => {}
             Check::ScalarOutput { node, what, loc } => {
                 let Some(v) = value_or_copies(*node) else {
                     continue;

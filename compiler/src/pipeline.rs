@@ -11,6 +11,7 @@ use adjoint_runtime::vm::{Vm, VmError};
 
 use crate::ir::{GraphId, Loc};
 use crate::lower::{span_of, Lowered, Lowerer, SourceLoader};
+use crate::prim::Prim;
 use crate::vmgen::{self, Executable};
 
 /// How a program runs: its IR as lowered and differentiated, one
@@ -61,7 +62,6 @@ impl LoadTypes {
 /// specialising every load, and the loop ran without fused kernels).
 fn written_paths(m: &crate::ir::Module) -> HashSet<String> {
     use crate::ir::{Const, NodeId, NodeKind};
-    use crate::prim::Prim;
     let is_save = |c: &Const| matches!(c, Const::Prim(Prim::SaveNpy | Prim::SaveSafetensors));
     let str_of = |n: NodeId| match m.as_const(n) {
         Some(Const::Str(s)) => Some(s.to_string()),
@@ -774,7 +774,30 @@ impl adjoint_runtime::vm::NativeKernel for LoadCheck {
 }
 
 fn located(message: String, loc: Loc, root: FileId) -> Diagnostic {
-    Diagnostic::error(message, span_of(loc).unwrap_or(Span::point(root, 0)))
+    let (message, note) = in_user_words(message);
+    let d = Diagnostic::error(message, span_of(loc).unwrap_or(Span::point(root, 0)));
+    match note {
+        Some(n) => d.with_note(n),
+        None => d,
+    }
+}
+
+/// A message from inference or a kernel in the words of the program: an
+/// operator's primitive (`add: ..`) named as the operator the user wrote,
+/// and a note where a `()` stands for a value (most often a block ending
+/// in `;`).
+fn in_user_words(message: String) -> (String, Option<&'static str>) {
+    let message = match message.split_once(": ") {
+        Some((head, rest)) => match Prim::from_name(head).and_then(Prim::user_label) {
+            Some(label) => format!("{label}: {rest}"),
+            None => message,
+        },
+        None => message,
+    };
+    let note = message.ends_with("got ()").then_some(
+        "`()` is the value of a block whose last statement ends in `;`: drop that `;` to give the block the statement's value",
+    );
+    (message, note)
 }
 
 fn infer_diagnostic(e: &crate::infer::InferError, root: FileId) -> Diagnostic {

@@ -480,6 +480,35 @@ impl Prim {
     pub fn category(self) -> Category {
         self.info().category
     }
+    /// How messages name the primitive where users write it as an
+    /// operator or as indexing (`+`, `x[i]`, `x[i] = e`): its own name
+    /// (`add`, `index_set`) is not in their program.
+    pub fn user_label(self) -> Option<&'static str> {
+        use Prim::*;
+        Some(match self {
+            Add => "`+`",
+            Sub => "`-`",
+            Mul => "`*`",
+            Div => "`/`",
+            Rem => "`%`",
+            Pow => "`**`",
+            Matmul => "`@`",
+            Neg => "unary `-`",
+            Not => "`!`",
+            Eq => "`==`",
+            Ne => "`!=`",
+            Lt => "`<`",
+            Le => "`<=`",
+            Gt => "`>`",
+            Ge => "`>=`",
+            And => "`&&`",
+            Or => "`||`",
+            Index => "indexing",
+            IndexSet => "indexed assignment",
+            IndexAdd => "indexed `+=`",
+            _ => return None,
+        })
+    }
     /// Looks a primitive up by its name.
     pub fn from_name(name: &str) -> Option<Prim> {
         Prim::all().iter().copied().find(|p| p.name() == name)

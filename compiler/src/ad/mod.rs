@@ -497,8 +497,8 @@ impl<'a> Ad<'a> {
                         return Err(AdError {
                             loc,
                             message: format!(
-                                "argnums asks for argument {i} of `{}`, which takes {n}",
-                                req.name
+                                "argnums asks for argument {i} of {}, which takes {n}",
+                                crate::ir::source_phrase(&req.name)
                             ),
                             note: None,
                         });
@@ -507,13 +507,17 @@ impl<'a> Ad<'a> {
                     grads.push(self.prim(t, Prim::GradFinalize, &[di, ps[i]], loc));
                     self.checks.push(Check::DiffArg {
                         node: ps[i],
-                        what: format!("argument `{}` of `{}`", names[i], req.name),
+                        what: format!(
+                            "argument `{}` of {}",
+                            names[i],
+                            crate::ir::source_phrase(&req.name)
+                        ),
                         loc,
                     });
                 }
                 self.checks.push(Check::ScalarOutput {
                     node: y,
-                    what: format!("`{}`", req.name),
+                    what: crate::ir::source_phrase(&req.name),
                     loc,
                 });
                 let g = if argnums.tupled() {

@@ -189,6 +189,10 @@ impl AbsVal {
     pub fn exceeds_parts(&self, limit: usize) -> bool {
         let mut count = 0usize;
         let mut stack = vec![self];
+        // Captures are shared: a backpropagator of order n captures those
+        // of order n - 1 several times over, so counting each shared list
+        // once keeps the count to what is stored, not its unfolding.
+        let mut seen: HashSet<*const AbsVal> = HashSet::default();
         while let Some(v) = stack.pop() {
             count += 1;
             if count > limit {
@@ -200,7 +204,9 @@ impl AbsVal {
                 AbsVal::Func(closures) => {
                     for c in closures {
                         if let Closure::Graph { captures, .. } = c {
-                            stack.extend(captures.iter());
+                            if seen.insert(captures.as_ptr()) {
+                                stack.extend(captures.iter());
+                            }
                         }
                     }
                 }

@@ -1374,29 +1374,13 @@ impl Calls for SiteCalls<'_, '_> {
 /// user wrote it: `grad(f)` for the graph lowering named `grad.f`, the
 /// pullback of a `vjp`, a lambda.
 fn arity_message(graph: &str, want: usize, got: usize) -> String {
-    let base = match graph.rsplit_once('.') {
-        Some((b, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => b,
-        _ => graph,
-    };
-    let transforms = [
-        "value_and_grad",
-        "grad",
-        "vmap",
-        "jacobian",
-        "jacfwd",
-        "hessian",
-    ];
-    let who = if let Some((t, f)) = transforms
-        .iter()
-        .find_map(|t| Some((*t, base.strip_prefix(t)?.strip_prefix('.')?)))
-    {
-        format!("`{t}({f})`")
-    } else if let Some(f) = base.strip_prefix("pullback.") {
-        format!("the pullback of `{f}`")
-    } else if base == "lambda" || base.ends_with(".lambda") {
-        "this lambda".to_string()
+    let who = if let Some(f) = graph.strip_prefix("pullback.") {
+        match crate::ir::source_name(f) {
+            Some(f) => format!("the pullback of `{f}`"),
+            None => "this pullback".to_string(),
+        }
     } else {
-        format!("`{base}`")
+        crate::ir::source_phrase(graph)
     };
     format!(
         "{who} takes {want} argument{}, but {got} {} given",

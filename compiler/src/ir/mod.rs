@@ -401,3 +401,68 @@ impl Module {
         self.graph_ids().find(|g| self.graph(*g).name == name)
     }
 }
+
+/// How messages name a function by its graph's name, as the program
+/// writes it: `grad.f` is `grad(f)`, `grad.grad.lambda` is
+/// `grad(grad(|..| ..))`, a numbered copy (`f.3`) is `f`. `None` for a
+/// function value with no name of its own (`fn`, made by a call).
+pub fn source_name(graph: &str) -> Option<String> {
+    let base = match graph.rsplit_once('.') {
+        Some((b, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => b,
+        _ => graph,
+    };
+    const TRANSFORMS: [&str; 9] = [
+        "value_and_grad",
+        "grad",
+        "vmap",
+        "jacobian",
+        "jacfwd",
+        "hessian",
+        "hvp",
+        "vjp",
+        "jvp",
+    ];
+    for t in TRANSFORMS {
+        if let Some(f) = base.strip_prefix(t).and_then(|r| r.strip_prefix('.')) {
+            return Some(format!(
+                "{t}({})",
+                source_name(f).unwrap_or_else(|| "..".into())
+            ));
+        }
+    }
+    if base == "lambda" || base.ends_with(".lambda") {
+        Some("|..| ..".into())
+    } else if base == "fn" || base.is_empty() {
+        None
+    } else {
+        Some(base.to_string())
+    }
+}
+
+/// [`source_name`] as a message says it: `` `grad(f)` ``, "this lambda",
+/// "this function".
+pub fn source_phrase(graph: &str) -> String {
+    match source_name(graph) {
+        Some(n) if n == "|..| .." => "this lambda".to_string(),
+        Some(n) => format!("`{n}`"),
+        None => "this function".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod source_name_tests {
+    use super::source_name;
+
+    #[test]
+    fn transforms_and_lambdas_read_as_written() {
+        assert_eq!(source_name("grad.f").as_deref(), Some("grad(f)"));
+        assert_eq!(
+            source_name("grad.grad.lambda").as_deref(),
+            Some("grad(grad(|..| ..))")
+        );
+        assert_eq!(source_name("f.3").as_deref(), Some("f"));
+        assert_eq!(source_name("main.lambda").as_deref(), Some("|..| .."));
+        assert_eq!(source_name("fn"), None);
+        assert_eq!(source_name("vmap.fn").as_deref(), Some("vmap(..)"));
+    }
+}

@@ -465,6 +465,17 @@ impl Lowerer<'_> {
             Some(f) => f,
             None => self.lower_expr(module, cx, callee)?,
         };
+        // A function with defaults known here, through a name or a nest of
+        // `grad`s: its definition resolves the arguments.
+        if let Some(Const::Graph(g)) = self.m.as_const(f).cloned() {
+            if let Some(def) = self.with_defaults.get(&g).cloned() {
+                let effectful = self
+                    .fn_graphs
+                    .iter()
+                    .any(|(k, &h)| h == g && self.effectful.contains(k));
+                return self.call_def(module, cx, g, &def, effectful, args, span);
+            }
+        }
         let mut vals = Vec::new();
         for a in args {
             if let Some(k) = &a.name {
@@ -576,6 +587,12 @@ impl Lowerer<'_> {
             }
         };
         let target = self.m.add_graph(format!("{which}.{name}"), loc(span));
+        if which == "grad" || which == "value_and_grad" {
+            // The gradient takes the function's parameters.
+            if let Some(def) = self.with_defaults.get(&source).cloned() {
+                self.with_defaults.insert(target, def);
+            }
+        }
         let fname = name.clone();
         self.ad_requests.push(AdRequest {
             target,
@@ -662,7 +679,9 @@ impl Lowerer<'_> {
                 if (d == "grad" || d == "value_and_grad") && self.lookup(d).is_none() {
                     let node = self.lower_diff(module, cx, d, args, e.span, called)?;
                     return Ok(match self.m.as_const(node) {
-                        Some(Const::Graph(g)) => DiffTarget::Static(*g, "fn".to_string()),
+                        Some(Const::Graph(g)) => {
+                            DiffTarget::Static(*g, self.m.graph(*g).name.clone())
+                        }
                         _ => DiffTarget::Value(node),
                     });
                 }
@@ -771,7 +790,11 @@ impl Lowerer<'_> {
                 let name = match &*e.kind {
                     ExprKind::Field { name, .. } => name.name.clone(),
                     ExprKind::Lambda { .. } => "lambda".to_string(),
-                    _ => "fn".to_string(),
+                    // A transform (`grad(f)`) is named by its graph.
+                    _ => match self.m.as_const(node) {
+                        Some(Const::Graph(g)) => self.m.graph(*g).name.clone(),
+                        _ => "fn".to_string(),
+                    },
                 };
                 Ok(match self.m.as_const(node) {
                     Some(Const::Graph(g)) => DiffTarget::Static(*g, name),

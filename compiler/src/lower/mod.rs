@@ -205,6 +205,11 @@ pub struct Lowerer<'a> {
     prelude: Option<usize>,
     effectful: HashSet<FnKey>,
     fn_graphs: HashMap<FnKey, GraphId>,
+    /// Graphs that take the parameters of a definition with defaults: its
+    /// own (a global function) and `grad`s of it. A call of one that is
+    /// known when lowering (`let g = grad(f); g(x)`, `grad(grad(f))(x)`)
+    /// fills defaults and keywords as a direct call of the function would.
+    with_defaults: HashMap<GraphId, Rc<FnDef>>,
     pending: Vec<(FnKey, GraphId)>,
     prim_values: HashMap<Prim, GraphId>,
     scopes: Vec<Vec<(String, Binding)>>,
@@ -214,6 +219,11 @@ pub struct Lowerer<'a> {
     effectful_graphs: HashSet<GraphId>,
     depth: usize,
     checks: Vec<Check>,
+    /// The values each function being lowered returns (innermost last),
+    /// with where, and whether a `return` statement gives it.
+    returns: Vec<Vec<(NodeId, Span, bool)>>,
+    /// Set by a `return` statement for the `finish` it calls.
+    explicit_return: bool,
     ad_requests: Vec<AdRequest>,
     /// Whether some `grad(..)` differentiates a function value (the rules
     /// are then needed when the program runs).
@@ -289,6 +299,7 @@ impl<'a> Lowerer<'a> {
             prelude: None,
             effectful: HashSet::new(),
             fn_graphs: HashMap::new(),
+            with_defaults: HashMap::new(),
             pending: Vec::new(),
             prim_values: HashMap::new(),
             scopes: Vec::new(),
@@ -298,6 +309,8 @@ impl<'a> Lowerer<'a> {
             effectful_graphs: HashSet::new(),
             depth: 0,
             checks: Vec::new(),
+            returns: Vec::new(),
+            explicit_return: false,
             ad_requests: Vec::new(),
             dynamic_ad: false,
             bprop_mod: None,
@@ -435,7 +448,12 @@ impl<'a> Lowerer<'a> {
             cx.io = Some(v);
             self.effectful_graphs.insert(g);
         }
+        self.returns.push(Vec::new());
         let r = self.lower_tail(module, &mut cx, Some(&def.body), def.span, &Cont::Return);
+        let values = self.returns.pop().unwrap_or_default();
+        if values.iter().any(|v| v.2) && values.len() > 1 {
+            self.checks.push(Check::Returns { values });
+        }
         self.scopes.pop();
         r.map(|_| ())
     }
@@ -520,6 +538,10 @@ impl<'a> Lowerer<'a> {
 
     /// Finishes the current graph (or returns the value, for `Cont::Value`).
     fn finish(&mut self, cx: &mut Cx, value: NodeId, k: &Cont, span: Span) -> Option<NodeId> {
+        let explicit = std::mem::take(&mut self.explicit_return);
+        if let (Cont::Return, Some(values)) = (k, self.returns.last_mut()) {
+            values.push((value, span, explicit));
+        }
         if let (Cont::Return, Some(ty)) = (k, &cx.ret) {
             self.checks.push(Check::Annotation {
                 node: value,

@@ -268,6 +268,10 @@ impl Lowerer<'_> {
         };
         let g = self.m.add_graph(name, loc(def.name.span));
         self.fn_graphs.insert(key, g);
+        let is_fn = matches!(self.mods[key.module].ast.items[key.item], Item::Fn(_));
+        if is_fn && def.params.iter().any(|p| p.default.is_some()) {
+            self.with_defaults.insert(g, def.clone());
+        }
         self.pending.push((key, g));
         g
     }

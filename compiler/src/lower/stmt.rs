@@ -156,6 +156,7 @@ impl Lowerer<'_> {
                         Some(e) => self.lower_expr(module, cx, e)?,
                         None => self.unit(s.span),
                     };
+                    self.explicit_return = true;
                     self.finish(cx, v, &Cont::Return, s.span);
                     return Ok(None);
                 }
@@ -513,11 +514,15 @@ impl Lowerer<'_> {
             format!("{base}.{}", def.name.name),
             super::loc(def.name.span),
         );
+        let def_rc = Rc::new(def.clone());
+        if !effectful && def.params.iter().any(|p| p.default.is_some()) {
+            self.with_defaults.insert(g, def_rc.clone());
+        }
         self.bind(
             &def.name.name,
             Binding::LocalFn(LocalFn {
                 graph: g,
-                def: Rc::new(def.clone()),
+                def: def_rc,
                 effectful,
             }),
         );
