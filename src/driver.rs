@@ -27,7 +27,13 @@ fn arg_expr(text: &str) -> Result<(String, bool), String> {
     Ok((format!("({text})"), !no_derivative))
 }
 
-/// Checks that `file` defines `function` with `n` parameters; returns,
+/// How many parameters of `d` have no default.
+fn required(d: &ast::FnDef) -> usize {
+    d.params.iter().filter(|p| p.default.is_none()).count()
+}
+
+/// Checks that `file` defines `function` taking `n` arguments (its
+/// defaults fill the rest); returns,
 /// for each parameter, whether its annotation makes it an `f32`.
 fn check_function(path: &Path, function: &str, n: usize) -> Result<Vec<bool>, String> {
     let text = std::fs::read_to_string(path)
@@ -39,11 +45,15 @@ fn check_function(path: &Path, function: &str, n: usize) -> Result<Vec<bool>, St
     });
     match def {
         None => Err(format!("{} has no function `{function}`", path.display())),
-        Some(d) if d.params.len() != n => Err(format!(
-            "`{function}` takes {} argument{}, but --at gives {n}",
-            d.params.len(),
-            if d.params.len() == 1 { "" } else { "s" }
-        )),
+        Some(d) if !(required(d)..=d.params.len()).contains(&n) => {
+            let total = d.params.len();
+            let takes = if required(d) == total {
+                format!("{total} argument{}", if total == 1 { "" } else { "s" })
+            } else {
+                format!("{} to {total} arguments", required(d))
+            };
+            Err(format!("`{function}` takes {takes}, but --at gives {n}"))
+        }
         Some(d) => Ok(d
             .params
             .iter()

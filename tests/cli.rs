@@ -450,6 +450,24 @@ fn grad_and_check_grad() {
     let r = adjoint(&d, &["emit", "g.adj", "--stage", "grad", "--fn", "square"]);
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.contains("graph @"), "{r:?}");
+    // Defaults fill the parameters `--at` leaves out (outside probe: "takes
+    // 3 arguments, but --at gives 1").
+    d.write("p.adj", "fn scaled(x, k = 3.0, p = 2) = k * x ** p\n");
+    let r = adjoint(&d, &["grad", "p.adj", "scaled", "--at", "2.0"]);
+    assert_succeeds(&r, "value: 12.0\ngradient 0: 12.0\n");
+    let r = adjoint(&d, &["grad", "p.adj", "scaled", "--at", "2.0", "0.5"]);
+    assert_succeeds(&r, "value: 2.0\ngradient 0: 2.0\ngradient 1: 4.0\n");
+    let r = adjoint(&d, &["check-grad", "p.adj", "scaled", "--at", "2.0"]);
+    assert!(r.stdout.ends_with("ok (tolerance 1e-4)\n"), "{r:?}");
+    let r = adjoint(
+        &d,
+        &["grad", "p.adj", "scaled", "--at", "1.0", "1.0", "1", "1"],
+    );
+    assert_fails(
+        &r,
+        "",
+        &["`scaled` takes 1 to 3 arguments, but --at gives 4"],
+    );
     // errors: one line each, no panic
     for (args, msg) in [
         (

@@ -1469,9 +1469,21 @@ fn index_comp(
                 ),
             }
         }
-        _ => fail(format!(
-            "index: each index must be an int or a slice, got {v}; use take to gather"
-        )),
+        _ => {
+            // `take` gathers by a tensor of ints; a float index needs a cast.
+            let hint = match v {
+                AbsVal::Tensor(t) if t.dtype.is_int() => {
+                    "; to gather by a tensor of indices, use take(x, idx, axis = ..)"
+                }
+                AbsVal::Tensor(t) if t.dtype.is_float() => {
+                    "; convert a computed index with i64(..)"
+                }
+                _ => "",
+            };
+            fail(format!(
+                "index: each index must be an int or a slice, got {v}{hint}"
+            ))
+        }
     }
 }
 

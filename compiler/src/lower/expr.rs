@@ -72,9 +72,49 @@ impl Lowerer<'_> {
             ExprKind::Call { callee, args } => self.lower_call(module, cx, callee, args, span),
             ExprKind::Index { base, indices } => {
                 let x = self.lower_expr(module, cx, base)?;
-                let mut args = vec![x];
-                args.extend(self.lower_index_comps(module, cx, indices)?);
-                Ok(self.prim(cx, Prim::Index, &args, span))
+                // `None` adds an axis of size 1 where it stands (NumPy's
+                // `x[:, None]`): the index without it, then `expand_dims`
+                // at its place among the result's axes.
+                let is_new_axis = |c: &ast::IndexComp| {
+                    matches!(c, ast::IndexComp::Expr(e)
+                        if matches!(&*e.kind, ExprKind::Name(n) if n == "None"))
+                };
+                let new_axes = if self.lookup("None").is_none() {
+                    let mut out = 0i64;
+                    let mut axes = Vec::new();
+                    for c in indices.iter() {
+                        if is_new_axis(c) {
+                            axes.push(out);
+                            out += 1;
+                        } else if matches!(c, ast::IndexComp::Slice { .. }) {
+                            out += 1;
+                        }
+                    }
+                    axes
+                } else {
+                    Vec::new()
+                };
+                let kept: Vec<ast::IndexComp> = if new_axes.is_empty() {
+                    indices.to_vec()
+                } else {
+                    indices
+                        .iter()
+                        .filter(|c| !is_new_axis(c))
+                        .cloned()
+                        .collect()
+                };
+                let mut v = if kept.is_empty() {
+                    x
+                } else {
+                    let mut args = vec![x];
+                    args.extend(self.lower_index_comps(module, cx, &kept)?);
+                    self.prim(cx, Prim::Index, &args, span)
+                };
+                for a in new_axes {
+                    let axis = self.konst(Const::Int(a), span);
+                    v = self.prim(cx, Prim::ExpandDims, &[v, axis], span);
+                }
+                Ok(v)
             }
             ExprKind::Field { base, name } => {
                 if let ExprKind::Name(m) = &*base.kind {

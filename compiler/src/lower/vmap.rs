@@ -102,8 +102,12 @@ impl Lowerer<'_> {
         }
         let mut in_axes = None;
         let mut out_axes = None;
+        let mut argnums = None;
         for a in &args[1..] {
             match &a.name {
+                Some(k) if which != "vmap" && k.name == "argnums" => {
+                    argnums = Some((super::static_argnums(&a.value)?, a.span));
+                }
                 Some(k) if which == "vmap" && k.name == "in_axes" => {
                     in_axes = Some(static_axes(&a.value)?)
                 }
@@ -175,15 +179,60 @@ impl Lowerer<'_> {
                 let DiffTarget::Static(g, _) = self.resolve_static(callee) else {
                     unreachable!("a known function")
                 };
-                Ok(match which {
-                    "jacfwd" => self.build_jacfwd(g, arity, &name, span),
-                    "hessian" => {
-                        let j = self.build_jacrev(g, arity, &name, span);
-                        let jg = self.m.as_graph(j).expect("a graph");
-                        self.build_jacfwd(jg, arity, &name, span)
+                let (nums, tupled) = match &argnums {
+                    None => (vec![0], false),
+                    Some((crate::ad::Argnums::One(i), _)) => (vec![*i], false),
+                    Some((many, at)) => {
+                        if which == "hessian" {
+                            return Err(Diagnostic::error(
+                                "`hessian` takes one argument number (`argnums = 1`); for mixed second derivatives, nest `jacfwd(jacobian(f, argnums = i), argnums = j)`",
+                                *at,
+                            ));
+                        }
+                        (many.which(), true)
                     }
-                    _ => self.build_jacrev(g, arity, &name, span),
-                })
+                };
+                if let Some(&bad) = nums.iter().find(|&&i| i >= arity) {
+                    return Err(Diagnostic::error(
+                        format!(
+                            "argnums asks for argument {bad} of {}, which takes {arity}",
+                            crate::ir::source_phrase(&name)
+                        ),
+                        argnums.map_or(span, |(_, at)| at),
+                    ));
+                }
+                let mut outs = Vec::new();
+                for &i in &nums {
+                    outs.push(match which {
+                        "jacfwd" => self.build_jacfwd(g, arity, i, &name, span),
+                        "hessian" => {
+                            let j = self.build_jacrev(g, arity, i, &name, span);
+                            let jg = self.m.as_graph(j).expect("a graph");
+                            self.build_jacfwd(jg, arity, i, &name, span)
+                        }
+                        _ => self.build_jacrev(g, arity, i, &name, span),
+                    });
+                }
+                if !tupled {
+                    return Ok(outs[0]);
+                }
+                // A tuple of Jacobians, one per argument number (JAX's).
+                let l = loc(span);
+                let w = self.m.add_graph(format!("{which}.{name}"), l);
+                let ps: Vec<NodeId> = (0..arity)
+                    .map(|i| self.m.add_param(w, format!("x{i}"), l))
+                    .collect();
+                let items: Vec<NodeId> = outs
+                    .into_iter()
+                    .map(|j| {
+                        let mut inputs = vec![j];
+                        inputs.extend(&ps);
+                        self.m.add_apply(w, inputs, l)
+                    })
+                    .collect();
+                let out = self.m.add_prim(w, Prim::MakeTuple, &items, l);
+                self.m.set_output(w, out);
+                Ok(self.graph_ref(w, span))
             }
         }
     }
@@ -266,14 +315,21 @@ impl Lowerer<'_> {
 
     /// `jacobian(f)`: `x, rest.. -> J` with `J[i.., j..] = d y[i..] / d x[j..]`,
     /// one row per element of `y` by a mapped `vjp`.
-    fn build_jacrev(&mut self, g: GraphId, arity: usize, name: &str, span: Span) -> NodeId {
+    fn build_jacrev(
+        &mut self,
+        g: GraphId,
+        arity: usize,
+        argnum: usize,
+        name: &str,
+        span: Span,
+    ) -> NodeId {
         let l = loc(span);
         let vjp = self.ad_target(g, AdKind::Vjp, "vjp", name, span);
         let w = self.m.add_graph(format!("jacobian.{name}"), l);
         let ps: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(w, format!("x{i}"), l))
             .collect();
-        self.jacobian_arg_check(ps[0], "jacobian", name, l);
+        self.jacobian_arg_check(ps[argnum], argnum, "jacobian", name, l);
         let mut inputs = vec![self.graph_ref(vjp, span)];
         inputs.extend(&ps);
         let r = self.m.add_apply(w, inputs, l);
@@ -283,49 +339,74 @@ impl Lowerer<'_> {
         );
         let y = self.m.add_prim(w, Prim::TupleGet, &[r, k0], l);
         let pb = self.m.add_prim(w, Prim::TupleGet, &[r, k1], l);
-        // One row: the first argument's cotangent for a basis cotangent.
+        // One row: the argument's cotangent for a basis cotangent.
         let row = self.m.add_graph(format!("jacobian.{name}.row"), l);
         let d = self.m.add_param(row, "dy", l);
         let cots = self.m.add_apply(row, vec![pb, d], l);
-        let first = self.m.add_prim(row, Prim::TupleGet, &[cots, k0], l);
+        let ki = self.konst(Const::Int(argnum as i64), span);
+        let first = self.m.add_prim(row, Prim::TupleGet, &[cots, ki], l);
         self.m.set_output(row, first);
         let row_ref = self.graph_ref(row, span);
         let mapped = self.build_vmap(row_ref, &[Some(0)], &Axes::All(Some(0)), name, span);
         let basis = self.m.add_prim(w, Prim::JacBasis, &[y], l);
         let rows = self.m.add_apply(w, vec![mapped, basis], l);
-        let out = self.m.add_prim(w, Prim::JacReshape, &[rows, y, ps[0]], l);
+        let out = self
+            .m
+            .add_prim(w, Prim::JacReshape, &[rows, y, ps[argnum]], l);
         self.m.set_output(w, out);
         self.graph_ref(w, span)
     }
 
     /// The argument a Jacobian is taken with respect to must be made of
     /// floats, as `grad`'s (JAX refuses ints too).
-    fn jacobian_arg_check(&mut self, x: NodeId, which: &str, name: &str, l: crate::ir::Loc) {
+    fn jacobian_arg_check(
+        &mut self,
+        x: NodeId,
+        argnum: usize,
+        which: &str,
+        name: &str,
+        l: crate::ir::Loc,
+    ) {
+        let which_arg = match argnum {
+            0 => "the first argument".to_string(),
+            i => format!("argument {i}"),
+        };
         self.checks.push(Check::DiffArg {
             node: x,
-            what: format!("the first argument of `{which}({name})`"),
+            what: format!("{which_arg} of `{which}({name})`"),
             loc: l,
         });
     }
 
     /// `jacfwd(f)`: the same Jacobian, one column per element of `x` by a
     /// mapped `jvp`.
-    fn build_jacfwd(&mut self, g: GraphId, arity: usize, name: &str, span: Span) -> NodeId {
+    fn build_jacfwd(
+        &mut self,
+        g: GraphId,
+        arity: usize,
+        argnum: usize,
+        name: &str,
+        span: Span,
+    ) -> NodeId {
         let l = loc(span);
         let jvp = self.ad_target(g, AdKind::Jvp, "jvp", name, span);
         let w = self.m.add_graph(format!("jacfwd.{name}"), l);
         let ps: Vec<NodeId> = (0..arity)
             .map(|i| self.m.add_param(w, format!("x{i}"), l))
             .collect();
-        self.jacobian_arg_check(ps[0], "jacfwd", name, l);
+        self.jacobian_arg_check(ps[argnum], argnum, "jacfwd", name, l);
         let primals = self.m.add_prim(w, Prim::MakeTuple, &ps, l);
         let k1 = self.konst(Const::Int(1), span);
         // One column: the output's tangent for a basis tangent of `x`.
         let col = self.m.add_graph(format!("jacfwd.{name}.col"), l);
         let t = self.m.add_param(col, "dx", l);
-        let mut tangents = vec![t];
-        for _ in 1..arity {
-            tangents.push(self.m.add_prim(col, Prim::Zero, &[], l));
+        let mut tangents = Vec::with_capacity(arity);
+        for i in 0..arity {
+            tangents.push(if i == argnum {
+                t
+            } else {
+                self.m.add_prim(col, Prim::Zero, &[], l)
+            });
         }
         let tangents = self.m.add_prim(col, Prim::MakeTuple, &tangents, l);
         let jvp_ref = self.graph_ref(jvp, span);
@@ -337,9 +418,11 @@ impl Lowerer<'_> {
         let mut inputs = vec![self.graph_ref(g, span)];
         inputs.extend(&ps);
         let y = self.m.add_apply(w, inputs, l);
-        let basis = self.m.add_prim(w, Prim::JacBasis, &[ps[0]], l);
+        let basis = self.m.add_prim(w, Prim::JacBasis, &[ps[argnum]], l);
         let cols = self.m.add_apply(w, vec![mapped, basis], l);
-        let out = self.m.add_prim(w, Prim::JacReshape, &[cols, y, ps[0]], l);
+        let out = self
+            .m
+            .add_prim(w, Prim::JacReshape, &[cols, y, ps[argnum]], l);
         self.m.set_output(w, out);
         self.graph_ref(w, span)
     }
