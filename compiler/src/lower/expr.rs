@@ -72,49 +72,7 @@ impl Lowerer<'_> {
             ExprKind::Call { callee, args } => self.lower_call(module, cx, callee, args, span),
             ExprKind::Index { base, indices } => {
                 let x = self.lower_expr(module, cx, base)?;
-                // `None` adds an axis of size 1 where it stands (NumPy's
-                // `x[:, None]`): the index without it, then `expand_dims`
-                // at its place among the result's axes.
-                let is_new_axis = |c: &ast::IndexComp| {
-                    matches!(c, ast::IndexComp::Expr(e)
-                        if matches!(&*e.kind, ExprKind::Name(n) if n == "None"))
-                };
-                let new_axes = if self.lookup("None").is_none() {
-                    let mut out = 0i64;
-                    let mut axes = Vec::new();
-                    for c in indices.iter() {
-                        if is_new_axis(c) {
-                            axes.push(out);
-                            out += 1;
-                        } else if matches!(c, ast::IndexComp::Slice { .. }) {
-                            out += 1;
-                        }
-                    }
-                    axes
-                } else {
-                    Vec::new()
-                };
-                let kept: Vec<ast::IndexComp> = if new_axes.is_empty() {
-                    indices.to_vec()
-                } else {
-                    indices
-                        .iter()
-                        .filter(|c| !is_new_axis(c))
-                        .cloned()
-                        .collect()
-                };
-                let mut v = if kept.is_empty() {
-                    x
-                } else {
-                    let mut args = vec![x];
-                    args.extend(self.lower_index_comps(module, cx, &kept)?);
-                    self.prim(cx, Prim::Index, &args, span)
-                };
-                for a in new_axes {
-                    let axis = self.konst(Const::Int(a), span);
-                    v = self.prim(cx, Prim::ExpandDims, &[v, axis], span);
-                }
-                Ok(v)
+                self.lower_index_read(module, cx, x, indices, span)
             }
             ExprKind::Field { base, name } => {
                 if let ExprKind::Name(m) = &*base.kind {
@@ -508,11 +466,8 @@ impl Lowerer<'_> {
         // A function with defaults known here, through a name or a nest of
         // `grad`s: its definition resolves the arguments.
         if let Some(Const::Graph(g)) = self.m.as_const(f).cloned() {
-            if let Some(def) = self.with_defaults.get(&g).cloned() {
-                let effectful = self
-                    .fn_graphs
-                    .iter()
-                    .any(|(k, &h)| h == g && self.effectful.contains(k));
+            if let Some((def, key)) = self.with_defaults.get(&g).cloned() {
+                let effectful = key.is_some_and(|k| self.effectful.contains(&k));
                 return self.call_def(module, cx, g, &def, effectful, args, span);
             }
         }
@@ -629,8 +584,8 @@ impl Lowerer<'_> {
         let target = self.m.add_graph(format!("{which}.{name}"), loc(span));
         if which == "grad" || which == "value_and_grad" {
             // The gradient takes the function's parameters.
-            if let Some(def) = self.with_defaults.get(&source).cloned() {
-                self.with_defaults.insert(target, def);
+            if let Some((def, _)) = self.with_defaults.get(&source).cloned() {
+                self.with_defaults.insert(target, (def, None));
             }
         }
         let fname = name.clone();
@@ -662,6 +617,59 @@ impl Lowerer<'_> {
             vals.push(v);
         }
         self.call(cx, callee, vals, false, span)
+    }
+
+    /// `x[indices]`. `None` adds an axis of size 1 where it stands
+    /// (NumPy's `x[:, None]`): the index without it, then `expand_dims` at
+    /// its place among the result's axes.
+    fn lower_index_read(
+        &mut self,
+        module: usize,
+        cx: &mut Cx,
+        x: NodeId,
+        indices: &[ast::IndexComp],
+        span: Span,
+    ) -> R<NodeId> {
+        let is_new_axis = |c: &ast::IndexComp| {
+            matches!(c, ast::IndexComp::Expr(e)
+                if matches!(&*e.kind, ExprKind::Name(n) if n == "None"))
+        };
+        let new_axes = if self.lookup("None").is_none() {
+            let mut out = 0i64;
+            let mut axes = Vec::new();
+            for c in indices.iter() {
+                if is_new_axis(c) {
+                    axes.push(out);
+                    out += 1;
+                } else if matches!(c, ast::IndexComp::Slice { .. }) {
+                    out += 1;
+                }
+            }
+            axes
+        } else {
+            Vec::new()
+        };
+        let kept: std::borrow::Cow<[ast::IndexComp]> = if new_axes.is_empty() {
+            indices.into()
+        } else {
+            indices
+                .iter()
+                .filter(|c| !is_new_axis(c))
+                .cloned()
+                .collect()
+        };
+        let mut v = if kept.is_empty() {
+            x
+        } else {
+            let mut args = vec![x];
+            args.extend(self.lower_index_comps(module, cx, &kept)?);
+            self.prim(cx, Prim::Index, &args, span)
+        };
+        for a in new_axes {
+            let axis = self.konst(Const::Int(a), span);
+            v = self.prim(cx, Prim::ExpandDims, &[v, axis], span);
+        }
+        Ok(v)
     }
 
     /// The definition of the function `e` names, a global or local one or

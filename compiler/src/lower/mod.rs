@@ -209,7 +209,8 @@ pub struct Lowerer<'a> {
     /// own (a global function) and `grad`s of it. A call of one that is
     /// known when lowering (`let g = grad(f); g(x)`, `grad(grad(f))(x)`)
     /// fills defaults and keywords as a direct call of the function would.
-    with_defaults: HashMap<GraphId, Rc<FnDef>>,
+    /// The key of a global function (whose IO decides how it is called).
+    with_defaults: HashMap<GraphId, (Rc<FnDef>, Option<FnKey>)>,
     pending: Vec<(FnKey, GraphId)>,
     prim_values: HashMap<Prim, GraphId>,
     scopes: Vec<Vec<(String, Binding)>>,

@@ -270,7 +270,7 @@ impl Lowerer<'_> {
         self.fn_graphs.insert(key, g);
         let is_fn = matches!(self.mods[key.module].ast.items[key.item], Item::Fn(_));
         if is_fn && def.params.iter().any(|p| p.default.is_some()) {
-            self.with_defaults.insert(g, def.clone());
+            self.with_defaults.insert(g, (def.clone(), Some(key)));
         }
         self.pending.push((key, g));
         g

@@ -516,7 +516,7 @@ impl Lowerer<'_> {
         );
         let def_rc = Rc::new(def.clone());
         if !effectful && def.params.iter().any(|p| p.default.is_some()) {
-            self.with_defaults.insert(g, def_rc.clone());
+            self.with_defaults.insert(g, (def_rc.clone(), None));
         }
         self.bind(
             &def.name.name,

@@ -59,6 +59,21 @@ fn static_axes(e: &Expr) -> R<Axes> {
 /// The names this module lowers.
 pub(super) const VMAP_NAMES: &[&str] = &["vmap", "jacobian", "jacrev", "jacfwd", "hessian", "hvp"];
 
+/// What a Jacobian is built of: the graph of `f`, its parameter count,
+/// and the argument it is taken with respect to.
+#[derive(Clone, Copy)]
+struct JacOf {
+    g: GraphId,
+    arity: usize,
+    argnum: usize,
+}
+
+impl JacOf {
+    fn new(g: GraphId, arity: usize, argnum: usize) -> JacOf {
+        JacOf { g, arity, argnum }
+    }
+}
+
 impl Lowerer<'_> {
     /// The number of parameters of graph `g`, looking through the targets
     /// of `grad` (built later, with the source's parameters).
@@ -204,13 +219,13 @@ impl Lowerer<'_> {
                 let mut outs = Vec::new();
                 for &i in &nums {
                     outs.push(match which {
-                        "jacfwd" => self.build_jacfwd(g, arity, i, &name, span),
+                        "jacfwd" => self.build_jacfwd(JacOf::new(g, arity, i), &name, span),
                         "hessian" => {
-                            let j = self.build_jacrev(g, arity, i, &name, span);
+                            let j = self.build_jacrev(JacOf::new(g, arity, i), &name, span);
                             let jg = self.m.as_graph(j).expect("a graph");
-                            self.build_jacfwd(jg, arity, i, &name, span)
+                            self.build_jacfwd(JacOf::new(jg, arity, i), &name, span)
                         }
-                        _ => self.build_jacrev(g, arity, i, &name, span),
+                        _ => self.build_jacrev(JacOf::new(g, arity, i), &name, span),
                     });
                 }
                 if !tupled {
@@ -218,10 +233,7 @@ impl Lowerer<'_> {
                 }
                 // A tuple of Jacobians, one per argument number (JAX's).
                 let l = loc(span);
-                let w = self.m.add_graph(format!("{which}.{name}"), l);
-                let ps: Vec<NodeId> = (0..arity)
-                    .map(|i| self.m.add_param(w, format!("x{i}"), l))
-                    .collect();
+                let (w, ps) = self.graph_of_params(format!("{which}.{name}"), arity, l);
                 let items: Vec<NodeId> = outs
                     .into_iter()
                     .map(|j| {
@@ -255,10 +267,7 @@ impl Lowerer<'_> {
         span: Span,
     ) -> NodeId {
         let l = loc(span);
-        let w = self.m.add_graph(format!("vmap.{name}"), l);
-        let ps: Vec<NodeId> = (0..in_axes.len())
-            .map(|i| self.m.add_param(w, format!("x{i}"), l))
-            .collect();
+        let (w, ps) = self.graph_of_params(format!("vmap.{name}"), in_axes.len(), l);
         let axis_node = |s: &mut Self, a: Axis| match a {
             Some(i) => s.konst(Const::Int(i), span),
             None => s.konst(Const::Unit, span),
@@ -315,21 +324,11 @@ impl Lowerer<'_> {
 
     /// `jacobian(f)`: `x, rest.. -> J` with `J[i.., j..] = d y[i..] / d x[j..]`,
     /// one row per element of `y` by a mapped `vjp`.
-    fn build_jacrev(
-        &mut self,
-        g: GraphId,
-        arity: usize,
-        argnum: usize,
-        name: &str,
-        span: Span,
-    ) -> NodeId {
+    fn build_jacrev(&mut self, of: JacOf, name: &str, span: Span) -> NodeId {
         let l = loc(span);
-        let vjp = self.ad_target(g, AdKind::Vjp, "vjp", name, span);
-        let w = self.m.add_graph(format!("jacobian.{name}"), l);
-        let ps: Vec<NodeId> = (0..arity)
-            .map(|i| self.m.add_param(w, format!("x{i}"), l))
-            .collect();
-        self.jacobian_arg_check(ps[argnum], argnum, "jacobian", name, l);
+        let argnum = of.argnum;
+        let vjp = self.ad_target(of.g, AdKind::Vjp, "vjp", name, span);
+        let (w, ps) = self.jacobian_graph(of, "jacobian", name, l);
         let mut inputs = vec![self.graph_ref(vjp, span)];
         inputs.extend(&ps);
         let r = self.m.add_apply(w, inputs, l);
@@ -357,44 +356,50 @@ impl Lowerer<'_> {
         self.graph_ref(w, span)
     }
 
-    /// The argument a Jacobian is taken with respect to must be made of
-    /// floats, as `grad`'s (JAX refuses ints too).
-    fn jacobian_arg_check(
+    /// A new graph of `n` parameters `x0, x1, ..`.
+    fn graph_of_params(
         &mut self,
-        x: NodeId,
-        argnum: usize,
+        name: String,
+        n: usize,
+        l: crate::ir::Loc,
+    ) -> (GraphId, Vec<NodeId>) {
+        let w = self.m.add_graph(name, l);
+        let ps = (0..n)
+            .map(|i| self.m.add_param(w, format!("x{i}"), l))
+            .collect();
+        (w, ps)
+    }
+
+    /// The graph of `which(f)` (`jacobian`, `jacfwd`) with `f`'s
+    /// parameters. The argument a Jacobian is taken with respect to must
+    /// be made of floats, as `grad`'s (JAX refuses ints too).
+    fn jacobian_graph(
+        &mut self,
+        of: JacOf,
         which: &str,
         name: &str,
         l: crate::ir::Loc,
-    ) {
-        let which_arg = match argnum {
+    ) -> (GraphId, Vec<NodeId>) {
+        let (w, ps) = self.graph_of_params(format!("{which}.{name}"), of.arity, l);
+        let which_arg = match of.argnum {
             0 => "the first argument".to_string(),
             i => format!("argument {i}"),
         };
         self.checks.push(Check::DiffArg {
-            node: x,
+            node: ps[of.argnum],
             what: format!("{which_arg} of `{which}({name})`"),
             loc: l,
         });
+        (w, ps)
     }
 
     /// `jacfwd(f)`: the same Jacobian, one column per element of `x` by a
     /// mapped `jvp`.
-    fn build_jacfwd(
-        &mut self,
-        g: GraphId,
-        arity: usize,
-        argnum: usize,
-        name: &str,
-        span: Span,
-    ) -> NodeId {
+    fn build_jacfwd(&mut self, of: JacOf, name: &str, span: Span) -> NodeId {
         let l = loc(span);
+        let JacOf { g, arity, argnum } = of;
         let jvp = self.ad_target(g, AdKind::Jvp, "jvp", name, span);
-        let w = self.m.add_graph(format!("jacfwd.{name}"), l);
-        let ps: Vec<NodeId> = (0..arity)
-            .map(|i| self.m.add_param(w, format!("x{i}"), l))
-            .collect();
-        self.jacobian_arg_check(ps[argnum], argnum, "jacfwd", name, l);
+        let (w, ps) = self.jacobian_graph(of, "jacfwd", name, l);
         let primals = self.m.add_prim(w, Prim::MakeTuple, &ps, l);
         let k1 = self.konst(Const::Int(1), span);
         // One column: the output's tangent for a basis tangent of `x`.
