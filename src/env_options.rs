@@ -53,8 +53,9 @@ pub fn kernel_threads() -> Option<usize> {
 }
 
 /// Shows the debug output the environment asks for on stderr, one
-/// message a line, as it comes.
-pub fn install_tracing() {
+/// message a line, as it comes; with `times`, also measures the
+/// compiler's stages into it (`--time-passes`).
+pub fn install_tracing(times: Option<&crate::pass_times::PassTimes>) {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
     let mut targets = Targets::new();
@@ -72,15 +73,25 @@ pub fn install_tracing() {
             any = true;
         }
     }
-    if !any {
+    if !any && times.is_none() {
         return;
     }
-    let layer = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .without_time()
-        .with_level(false)
-        .with_target(false)
-        .with_filter(targets);
-    let _ = tracing_subscriber::registry().with(layer).try_init();
+    let messages = || {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .without_time()
+            .with_level(false)
+            .with_target(false)
+            .with_filter(targets.clone())
+    };
+    // (Optional layers would do, but per-layer filters under a `None`
+    // layer lose some of the spans: each case builds its own stack.)
+    let registry = tracing_subscriber::registry();
+    let _ = match (any, times) {
+        (true, Some(t)) => registry.with(messages()).with(t.layer()).try_init(),
+        (true, None) => registry.with(messages()).try_init(),
+        (false, Some(t)) => registry.with(t.layer()).try_init(),
+        (false, None) => Ok(()),
+    };
 }

@@ -65,6 +65,8 @@ pub use adjoint_runtime::vm::{clear_interrupt, interrupt_requested, request_inte
 
 pub mod env_options;
 
+pub mod pass_times;
+
 pub mod aot;
 
 /// How programs run: one primitive at a time on the IR as differentiated

@@ -22,6 +22,11 @@ mod repl;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print the time each compiler stage took (parsing and lowering,
+    /// differentiation, type checking, the optimiser's rounds, equality
+    /// saturation, fusion, code generation) to stderr at the end.
+    #[arg(long, global = true)]
+    time_passes: bool,
 }
 
 #[derive(Copy, Clone, ValueEnum)]
@@ -182,8 +187,9 @@ fn main() -> ExitCode {
     // so parallel kernels start here instead of waking other threads and
     // waiting for them (`adjoint_runtime::threads`).
     adjoint_runtime::threads::join_kernel_pool(adjoint::env_options::kernel_threads());
-    adjoint::env_options::install_tracing();
     let cli = Cli::parse();
+    let times = cli.time_passes.then(adjoint::pass_times::PassTimes::new);
+    adjoint::env_options::install_tracing(times.as_ref());
     // Under `mpirun`, join the MPI job before anything runs; the universe
     // lives until `main` returns (dropping it finalises MPI).
     #[cfg(feature = "mpi")]
@@ -203,10 +209,20 @@ fn main() -> ExitCode {
             ModeArg::Graph => Mode::Graph,
         });
     }
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli, comm))) {
+    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli, comm))) {
         Ok(code) => code,
         Err(_) => ExitCode::from(101),
+    };
+    if let Some(times) = times {
+        let total = times
+            .stages()
+            .iter()
+            .filter(|s| s.path.len() == 1)
+            .map(|s| s.total)
+            .sum();
+        eprint!("{}", times.describe(total));
     }
+    code
 }
 
 /// Initialises MPI when this process was started by `mpirun` (its

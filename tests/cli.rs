@@ -793,3 +793,52 @@ fn main(args) {
         &["\"bad.csv\" line 2: 1 value, but the rows before have 2"],
     );
 }
+
+#[test]
+fn time_passes_prints_each_stage() {
+    let d = Dir::new("time_passes");
+    d.write(
+        "loop.adj",
+        "fn f(x) {
+    let mut y = x;
+    for i in 0..3 { y = sin(y) * x; }
+    y
+}
+fn main() { print(grad(f)(0.5)); }
+",
+    );
+    let r = adjoint(&d, &["run", "loop.adj", "--time-passes"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    // the program's output is unchanged; the table goes to stderr
+    assert_eq!(r.stdout, adjoint(&d, &["run", "loop.adj"]).stdout);
+    let rows: Vec<(&str, f64)> = r
+        .stderr
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let ms = cols[cols.len() - 3].parse().expect("ms");
+            (l.split("  ").find(|s| !s.is_empty()).unwrap().trim(), ms)
+        })
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r.0).collect();
+    for stage in [
+        "parse and lower",
+        "differentiate",
+        "type check",
+        "optimise",
+        "round",
+        "typed pass",
+        "fusion",
+        "VM code",
+    ] {
+        assert!(names.contains(&stage), "{stage} missing in {}", r.stderr);
+    }
+    // an inner stage never takes longer than the stage containing it
+    let total = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().1;
+    assert!(total("round") <= total("optimise"), "{}", r.stderr);
+    // `check` times its stages too, and nothing is printed without the flag
+    let c = adjoint(&d, &["check", "loop.adj", "--time-passes"]);
+    assert!(c.stderr.contains("type check"), "{c:?}");
+    assert!(adjoint(&d, &["check", "loop.adj"]).stderr.is_empty());
+}

@@ -1,3 +1,12 @@
+/// Opens a span around one stage of compilation (target `adjoint::pass`);
+/// the stage lasts until the returned guard drops. Nothing is measured
+/// unless a subscriber listens (`adjoint run --time-passes`).
+macro_rules! stage {
+    ($name:literal) => {
+        tracing::info_span!(target: "adjoint::pass", $name).entered()
+    };
+}
+
 pub mod ad;
 pub mod adopt;
 pub mod aot;

@@ -137,8 +137,12 @@ impl Program {
         root_path: Option<&Path>,
         loader: &dyn SourceLoader,
     ) -> Result<Program, Vec<Diagnostic>> {
-        let mut lowered = Lowerer::lower_program(sources, root, root_path, loader)?;
+        let mut lowered = {
+            let _s = stage!("parse and lower");
+            Lowerer::lower_program(sources, root, root_path, loader)?
+        };
         if !lowered.ad_requests.is_empty() {
+            let _s = stage!("differentiate");
             let requests = std::mem::take(&mut lowered.ad_requests);
             let checks = crate::ad::run(
                 &mut lowered.module,
@@ -159,6 +163,7 @@ impl Program {
         // The verifier runs after lowering and differentiation in debug
         // builds (and so in every test).
         if cfg!(debug_assertions) {
+            let _s = stage!("verify IR");
             let roots: Vec<GraphId> = lowered.functions.iter().map(|(_, g)| *g).collect();
             if let Err(errors) = crate::ir::verify::verify_reachable(&lowered.module, &roots) {
                 let span = Span::point(root, 0);
@@ -288,6 +293,7 @@ impl Program {
         args: &[crate::infer::AbsVal],
     ) -> Result<crate::infer::Types, Vec<Diagnostic>> {
         use crate::infer::{infer_module_partial, InferOptions};
+        let _s = stage!("type check");
         let m = &self.lowered.module;
         if self.arity(entry) != args.len() {
             return Err(vec![self.arity_error(entry, args.len())]);
@@ -464,8 +470,10 @@ impl Program {
         if crate::vmgen::uses_dynamic_ad(&m, &roots) {
             roots.extend(self.rule_graphs());
         }
+        let _s = stage!("optimise");
         let mut stats = crate::opt::optimize(&mut m, &roots, &opts);
         if let Some((g, args)) = &opts.entry {
+            let _s = stage!("equality saturation");
             stats.rewrite = self.rewrite(&mut m, *g, &roots, args);
         }
         (m, stats)
@@ -487,7 +495,10 @@ impl Program {
             load_type: load_type.as_deref(),
             ..Default::default()
         };
-        let types = match crate::infer::infer_module_with(m, entry, args, &iopts) {
+        let types = match {
+            let _s = stage!("inference");
+            crate::infer::infer_module_with(m, entry, args, &iopts)
+        } {
             Ok(t) => t,
             Err(e) => {
                 tracing::debug!(
@@ -564,12 +575,14 @@ impl Program {
         entry: GraphId,
         args: &[crate::infer::AbsVal],
     ) -> Option<crate::fuse::Plan> {
+        let _s = stage!("fusion");
         let load_type = self.load_type_fn();
         let opts = crate::infer::InferOptions {
             only_taken_branches: true,
             load_type: load_type.as_deref(),
             ..Default::default()
         };
+        let inference = stage!("inference");
         let types =
             crate::infer::infer_module_with(m, entry, &self.entry_args_with(entry, args), &opts)
                 .map_err(|e| {
@@ -579,6 +592,8 @@ impl Program {
                     );
                 })
                 .ok();
+        drop(inference);
+        let _s = stage!("plan");
         Some(crate::fuse::plan(
             m,
             &[entry],
@@ -632,8 +647,11 @@ impl Program {
             mode
         };
         let compiled = match mode {
-            Mode::Eager => vmgen::compile(source, &[main], &self.options)
-                .map(|ex| self.with_dynamic(ex, source, &[main])),
+            Mode::Eager => {
+                let _s = stage!("VM code");
+                vmgen::compile(source, &[main], &self.options)
+                    .map(|ex| self.with_dynamic(ex, source, &[main]))
+            }
             Mode::Graph => {
                 let (m, _) = self.optimized_from(source, &[main], Some(args));
                 if cfg!(debug_assertions) {
@@ -660,6 +678,7 @@ impl Program {
                         tracing::debug!(target: "adjoint::fuse", "fused: {line}");
                     }
                 }
+                let _s = stage!("VM code");
                 vmgen::compile_with(&m, &[main], plan.as_ref(), &self.options)
                     .map(|ex| self.with_dynamic(ex, &m, &[main]))
             }

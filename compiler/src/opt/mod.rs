@@ -122,7 +122,10 @@ pub struct Stats {
 pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
     let mut stats = Stats::default();
     let t0 = std::time::Instant::now();
-    let mut snap = detach_dead_then_snapshot(m, roots);
+    let mut snap = {
+        let _s = stage!("dead code");
+        detach_dead_then_snapshot(m, roots)
+    };
     (stats.nodes_before, stats.graphs_before) = snapshot_size(&snap);
     let budget = opts
         .node_budget
@@ -138,6 +141,7 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
     let mut memo = specialize::Memo::default();
     for _ in 0..opts.max_rounds {
         stats.rounds += 1;
+        let round = stage!("round");
         let (fv, graphs, bodies) = snap;
         let recursive = recursive_graphs(m, &graphs, &bodies);
         let children = nested_children(m, &fv);
@@ -167,7 +171,11 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
         }
         let changed = rw.changed;
         rw.apply_forwarding();
-        snap = detach_dead_then_snapshot(m, roots);
+        drop(round);
+        snap = {
+            let _s = stage!("dead code");
+            detach_dead_then_snapshot(m, roots)
+        };
         if tracing::enabled!(target: "adjoint::ir", tracing::Level::DEBUG) {
             let text = crate::ir::print::print_module(m, roots, None);
             tracing::debug!(target: "adjoint::ir", "{text}");
@@ -176,8 +184,13 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             let (n, gs) = snapshot_size(&snap);
             tracing::debug!(
                 target: "adjoint::opt",
-                "opt round {}: {changed} changes, {n} live nodes in {gs} graphs, {} nodes and {} graphs in the arena, {:?} elapsed",
+                "opt round {}: {changed} changes (so far {} inlined, {} unrolled, {} specialised, {} simplified, {} merged), {n} live nodes in {gs} graphs, {} nodes and {} graphs in the arena, {:?} elapsed",
                 stats.rounds,
+                stats.inlined,
+                stats.unrolled,
+                stats.specialized,
+                stats.simplified,
+                stats.cse,
                 m.nodes.len(),
                 m.graphs.len(),
                 t0.elapsed()
@@ -187,7 +200,12 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             // At a fixpoint, what no rewrite reaches: the unread slots of
             // branch results (escaped backpropagators' rules), then
             // another round to clean up after them.
-            if prune::prune_branch_results(m, &snap) > 0 {
+            let pruned = {
+                let _s = stage!("prune branch results");
+                prune::prune_branch_results(m, &snap)
+            };
+            if pruned > 0 {
+                let _s = stage!("dead code");
                 snap = detach_dead_then_snapshot(m, roots);
                 continue;
             }
@@ -201,10 +219,14 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
                 break;
             }
             typed_passes += 1;
-            typed_changed = typed_pass(m, &snap, opts, *entry, args, budget, &mut stats);
+            typed_changed = {
+                let _s = stage!("typed pass");
+                typed_pass(m, &snap, opts, *entry, args, budget, &mut stats)
+            };
             if typed_changed == 0 {
                 break;
             }
+            let _s = stage!("dead code");
             snap = detach_dead_then_snapshot(m, roots);
         }
     }
@@ -236,7 +258,10 @@ fn typed_pass(
         load_type: opts.load_type.as_ref().map(|l| &*l.0),
         ..crate::infer::InferOptions::default()
     };
-    let types = match crate::infer::infer_module_with(m, entry, args, &iopts) {
+    let types = match {
+        let _s = stage!("inference");
+        crate::infer::infer_module_with(m, entry, args, &iopts)
+    } {
         Ok(t) => t,
         Err(e) => {
             tracing::debug!(

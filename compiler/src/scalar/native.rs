@@ -411,6 +411,7 @@ pub fn compile_scalar_cached(program: &ScalarProgram) -> Result<Arc<CompiledScal
 /// Compiles `program` (which must validate).
 pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, CodegenError> {
     original.validate().map_err(CodegenError::Backend)?;
+    let _s = stage!("Cranelift: scalar loop");
     let t0 = Instant::now();
     // Loop headers copied into their bodies: back edges become jumps.
     let inlined = original.inline_tail_calls(24);

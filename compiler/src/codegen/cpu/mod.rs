@@ -297,6 +297,7 @@ pub fn compile_with(
     options: &CompileOptions,
 ) -> Result<CompiledKernel, CodegenError> {
     spec.validate()?;
+    let _s = stage!("Cranelift: kernel");
     let t0 = Instant::now();
     let spec = spec.canonical();
     let unroll = options
