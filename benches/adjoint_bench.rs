@@ -166,6 +166,24 @@ fn cases(root: &Path) -> Vec<Case> {
             paired: true,
         });
     }
+    let lstm = |f: &str| {
+        let p = root.join("benches/data/lstm/l2_c1024").join(f);
+        format!("load_npy({:?})", p.display().to_string())
+    };
+    v.push(Case {
+        name: "lstm",
+        what: "ADBench LSTM objective + gradient, f64, 2 layers, 1024 characters".to_string(),
+        file: "benches/programs/lstm.adj",
+        entry: format!(
+            "    print(\"start\");\n    run({}, {}, {}, {}, REPS);\n",
+            lstm("main.npy"),
+            lstm("extra.npy"),
+            lstm("state.npy"),
+            lstm("sequence.npy")
+        ),
+        compile: true,
+        paired: false,
+    });
     v.push(Case {
         name: "loop_grad",
         what: "gradient of x <- sin(x)*x + 0.5, 1000 steps, f64 scalar".to_string(),

@@ -16,7 +16,11 @@ Cases (docs/benchmarks.md):
      ratio taken pair by pair, which a slow spell of the machine disturbs
      less);
   6. compile time of the MLP train step (Adjoint: source to ready-to-run;
-     JAX: first jit call minus the steady state; PyTorch: none, eager).
+     JAX: first jit call minus the steady state; PyTorch: none, eager);
+  7. ADBench LSTM objective + gradient (2 layers, 1024 characters, f64),
+     written as ADBench's Python reference is: a loop over characters
+     (`lax.scan` in JAX, a Python loop in PyTorch and Adjoint's `for`), a
+     loop over layers, and its compile time as in 6.
 
 Every time is the median of repeated runs of one evaluation (after warm-up
 calls), each ended by waiting for the result (`block_until_ready` for JAX).
@@ -51,9 +55,13 @@ GOALS = {
     "loop_grad": (32e-6, 22e-3),
     "map16m": (35e-3, 217e-3),
     "mlp_compile": (0.29, None),
+    "lstm": (8e-3, None),
+    "lstm_compile": (0.8, None),
 }
 
 ROWS = [
+    ("lstm", "7. ADBench LSTM obj+grad (f64)"),
+    ("lstm_compile", "7. LSTM compile time"),
     ("mlp", "1. MLP train step (f32, batch 128)"),
     ("gmm_d10_grad", "2. GMM obj+grad d=10 K=25 (f64)"),
     ("gmm_d20_grad", "2. GMM obj+grad d=20 K=50 (f64)"),
@@ -70,6 +78,11 @@ ROWS = [
     ("gmm_d20_pair_ratio", "5. the same d=20, timed in turn"),
     ("mlp_compile", "6. MLP train step compile time"),
 ]
+
+
+def load_lstm():
+    d = os.path.join(HERE, "data", "lstm", "l2_c1024")
+    return [np.load(os.path.join(d, f + ".npy")) for f in ("main", "extra", "state", "sequence")]
 
 
 def load_gmm(name):
@@ -164,6 +177,47 @@ def bench_jax(cases, budget, max_reps, log):
         out["mlp"], _ = time_fn(run, budget, max_reps)
         out["mlp_compile"] = max(t_first - out["mlp"], 0.0)
         log("jax mlp done")
+
+    # 7: ADBench LSTM
+    if "lstm" in cases:
+        main_rows, extra, state, seq = (jnp.asarray(v) for v in load_lstm())
+        w = main_rows.reshape(main_rows.shape[0], 4, -1)
+
+        def lstm(weight, bias, hidden, cell, inp):
+            forget = jax.nn.sigmoid(inp * weight[0] + bias[0])
+            ingate = jax.nn.sigmoid(hidden * weight[1] + bias[1])
+            outgate = jax.nn.sigmoid(inp * weight[2] + bias[2])
+            change = jnp.tanh(hidden * weight[3] + bias[3])
+            cell = cell * forget + ingate * change
+            return outgate * jnp.tanh(cell), cell
+
+        def predict(w, w2, s, inp):
+            x = inp * w2[0]
+            s2 = s
+            for i in range(s.shape[0] // 2):
+                h, c = lstm(w[2 * i], w[2 * i + 1], s[2 * i], s[2 * i + 1], x)
+                s2 = s2.at[2 * i].set(h).at[2 * i + 1].set(c)
+                x = h
+            return x * w2[1] + w2[2], s2
+
+        def loss(w, w2, s, sequence):
+            def step(carry, ygold):
+                s, inp, total = carry
+                ypred, s = predict(w, w2, s, inp)
+                ynorm = ypred - jnp.log(jnp.sum(jnp.exp(ypred)) + 2.0)
+                return (s, ygold, total + jnp.sum(ygold * ynorm)), None
+            (_, _, total), _ = jax.lax.scan(step, (s, sequence[0], 0.0), sequence[1:])
+            return -total / ((sequence.shape[0] - 1) * sequence.shape[1])
+
+        vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        t0 = time.perf_counter()
+        v, g = vg(w, extra, state, seq)
+        jax.block_until_ready(v)
+        t_first = time.perf_counter() - t0
+        checks["lstm"] = (float(v), float(jnp.sum(g[0]) + jnp.sum(g[1])))
+        out["lstm"], _ = time_fn(lambda: jax.block_until_ready(vg(w, extra, state, seq)), budget, max_reps)
+        out["lstm_compile"] = max(t_first - out["lstm"], 0.0)
+        log("jax lstm done")
 
     # 2 and 5: GMM
     def gmm_objective(alphas, means, icf, x, gamma, m, idx, mask):
@@ -280,6 +334,46 @@ def bench_torch(cases, budget, max_reps, log):
             return loss.item()
         out["mlp"], _ = time_fn(run, budget, max_reps)
         log("torch mlp done")
+
+    if "lstm" in cases:
+        main_rows, extra, state, seq = (torch.from_numpy(v) for v in load_lstm())
+        w0 = main_rows.reshape(main_rows.shape[0], 4, -1)
+
+        def lstm(weight, bias, hidden, cell, inp):
+            forget = torch.sigmoid(inp * weight[0] + bias[0])
+            ingate = torch.sigmoid(hidden * weight[1] + bias[1])
+            outgate = torch.sigmoid(inp * weight[2] + bias[2])
+            change = torch.tanh(hidden * weight[3] + bias[3])
+            cell = cell * forget + ingate * change
+            return outgate * torch.tanh(cell), cell
+
+        def loss(w, w2, s, sequence):
+            total = 0.0
+            inp = sequence[0]
+            for t in range(sequence.shape[0] - 1):
+                x = inp * w2[0]
+                s2 = []
+                for i in range(s.shape[0] // 2):
+                    h, c = lstm(w[2 * i], w[2 * i + 1], s[2 * i], s[2 * i + 1], x)
+                    s2 += [h, c]
+                    x = h
+                s = torch.stack(s2)
+                ypred = x * w2[1] + w2[2]
+                ynorm = ypred - torch.log(torch.sum(torch.exp(ypred)) + 2.0)
+                ygold = sequence[t + 1]
+                total = total + torch.sum(ygold * ynorm)
+                inp = ygold
+            return -total / ((sequence.shape[0] - 1) * sequence.shape[1])
+
+        def vg():
+            w = w0.clone().requires_grad_()
+            w2 = extra.clone().requires_grad_()
+            v = loss(w, w2, state, seq)
+            g = torch.autograd.grad(v, (w, w2))
+            return float(v), float(g[0].sum() + g[1].sum())
+        checks["lstm"] = vg()
+        out["lstm"], _ = time_fn(vg, budget, max_reps)
+        log("torch lstm done")
 
     def gmm_objective(alphas, means, icf, x, gamma, m, idx, mask):
         k, d = means.shape
@@ -406,6 +500,8 @@ def bench_adjoint(cases, budget, max_reps, log):
             checks[r["case"][:-5]] = (vals.get("value"), vals.get("gradient_sum"))
         if r["case"] in ("loop_grad", "loop_fwd"):
             checks[r["case"]] = vals.get("value")
+        if r["case"] == "lstm":
+            checks["lstm"] = (vals.get("value"), vals.get("gradient_sum"))
     if p.returncode != 0 and not raw:
         raise SystemExit("adjoint_bench failed (exit status %d)" % p.returncode)
     mode = raw[0].get("mode", "?") if raw else "?"
@@ -491,7 +587,7 @@ def main():
                          "the median of the runs' medians with their spread (default 1): the "
                          "machine can be slow for a whole run")
     ap.add_argument("--only", nargs="*", default=None,
-                    help="cases: mlp gmm_d10 gmm_d20 loop_grad loop_fwd map16m (default all)")
+                    help="cases: lstm mlp gmm_d10 gmm_d20 loop_grad loop_fwd map16m (default all)")
     ap.add_argument("--skip", nargs="*", default=[], help="systems to leave out: adjoint jax torch")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
     ap.add_argument("--threads", type=int, default=None,
@@ -507,7 +603,7 @@ def main():
         THREADS[0] = args.threads
     if args.quick:
         args.budget, args.max_reps = 0.5, 10
-    all_cases = ["mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d10_pair", "gmm_d20_grad", "gmm_d20_obj",
+    all_cases = ["lstm", "mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d10_pair", "gmm_d20_grad", "gmm_d20_obj",
                  "gmm_d20_pair", "loop_grad", "loop_fwd", "loop_tensor_grad", "loop_tensor_fwd", "map16m"]
     cases = [c for c in all_cases if args.only is None or any(c.startswith(o) for o in args.only)]
 
@@ -548,10 +644,10 @@ def main():
     results = combine_runs(runs)
 
     # Do the systems compute the same thing?
-    print("Cross-check (GMM objective and gradient sum; loop gradient and value):")
+    print("Cross-check (GMM and LSTM objective and gradient sum; loop gradient and value):")
     ok = True
     systems = list(checks)
-    for key in ("gmm_d10", "gmm_d20", "loop_grad", "loop_fwd"):
+    for key in ("gmm_d10", "gmm_d20", "loop_grad", "loop_fwd", "lstm"):
         vals = {s: checks[s].get(key) for s in systems if checks[s].get(key) is not None}
         if len(vals) < 2:
             continue

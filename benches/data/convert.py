@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Converts the ADBench GMM text inputs in this folder to .npy files that
-Adjoint programs read with `load_npy`.
+"""Converts the ADBench GMM and LSTM text inputs in this folder to .npy
+files that Adjoint programs read with `load_npy`.
 
     python3 benches/data/convert.py
 
@@ -13,6 +13,14 @@ For each input `gmm/test.txt` and `gmm/1k/gmm_dD_KK.txt` it writes a folder
                                    lower part of L column by column
     x.npy         [n, D]
     wishart.npy   [2]              gamma, m
+
+For the LSTM input `lstm/lstm_l2_c1024.txt` (l layers, c characters, b
+bits) it writes `lstm/l2_c1024/` with, all float64:
+
+    main.npy      [2l, 4b]   per layer a row of weights, then a row of biases
+    extra.npy     [3, b]     input scale, output scale, output bias
+    state.npy     [2l, b]    per layer the hidden state, then the cell
+    sequence.npy  [c, b]
 
 The generated files are committed, so that tests need no Python; rerun this
 script only when the inputs change. The text layout is described in
@@ -60,7 +68,31 @@ def read_gmm(path):
     return {"alpha": alpha, "means": means, "icf": icf, "x": x, "wishart": wishart}
 
 
+def read_lstm(path):
+    with open(path) as f:
+        text = f.read()
+    head, *sections = [s for s in text.split("\n\n") if s.strip()]
+    l, c, b = (int(v) for v in head.split())
+    shapes = {"main": (2 * l, 4 * b), "extra": (3, b), "state": (2 * l, b), "sequence": (c, b)}
+    if len(sections) != len(shapes):
+        raise ValueError(f"{path}: expected {len(shapes)} sections, got {len(sections)}")
+    out = {}
+    for (key, shape), sec in zip(shapes.items(), sections):
+        block = np.array([[float(v) for v in r.split()] for r in sec.strip().splitlines()],
+                         dtype=np.float64)
+        if block.shape != shape:
+            raise ValueError(f"{path}: section {key} has shape {block.shape}, expected {shape}")
+        out[key] = block
+    return out
+
+
 def main():
+    arrays = read_lstm(os.path.join(HERE, "lstm", "lstm_l2_c1024.txt"))
+    out = os.path.join(HERE, "lstm", "l2_c1024")
+    os.makedirs(out, exist_ok=True)
+    for key, arr in arrays.items():
+        np.save(os.path.join(out, key + ".npy"), np.ascontiguousarray(arr))
+    print("lstm/l2_c1024: " + ", ".join(f"{k}{list(v.shape)}" for k, v in arrays.items()))
     for name, rel in INPUTS.items():
         arrays = read_gmm(os.path.join(HERE, rel))
         out = os.path.join(HERE, "gmm", name)
