@@ -392,7 +392,7 @@ prims! {
     ReduceScatter = "reduce_scatter", Control, &[req("x"), opt("axis", Default::Int(0))], false, true;
     /// Rank `root`'s `x`, on every rank.
     Broadcast = "broadcast", Control, &[req("x"), opt("root", Default::Int(0))], false, true;
-    JacReshape = "jac_reshape", Reindex, &[req("j"), req("y"), req("x")], false, true;
+    JacReshape = "jac_reshape", Reindex, &[req("j"), req("y"), req("x"), opt("fwd", Default::Bool(false))], false, true;
     // side effects: the first argument is the IO state token
     Print = "print", Io, IO, true, false;
     LoadNpy = "load_npy", Io, &[req("io"), req("path")], false, false;

@@ -1720,39 +1720,165 @@ fn leaf_dtype(v: &Value) -> DType {
     parts(v).map_or(DType::F32, |(_, t)| t.dtype())
 }
 
-/// `jac_basis(y)`: the rows of the identity for a value shaped like `y`:
-/// `[size(y), *shape(y)]`, in `y`'s dtype.
-pub fn jac_basis(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
-    let y = kargs::tensor("jacobian", &args[0], "value")?;
-    let m = y.len();
-    let dtype = if y.dtype().is_float() {
-        y.dtype()
-    } else {
-        DType::F32
-    };
-    let mut data = vec![0.0f64; m * m];
-    for i in 0..m {
-        data[i * m + i] = 1.0;
+/// The tensor leaves of a value made of tuples and records, depth first
+/// (symbolic zeros count as leaves: `None`).
+fn jac_leaves<'a>(v: &'a Value, out: &mut Vec<Option<&'a Tensor>>) -> Result<(), RtError> {
+    match v {
+        Value::Tensor(t) => out.push(Some(t)),
+        Value::Zero => out.push(None),
+        Value::Tuple(items) => {
+            for i in items.iter() {
+                jac_leaves(i, out)?;
+            }
+        }
+        Value::Record(r) => {
+            for (_, f) in &r.fields {
+                jac_leaves(f, out)?;
+            }
+        }
+        other => {
+            return err(format!(
+                "jacobian: expected tensors, tuples and records, got {}",
+                other.kind()
+            ))
+        }
     }
-    let mut shape = vec![m];
-    shape.extend_from_slice(y.shape());
-    Ok(Value::Tensor(Tensor::from_vec(data, &shape)?.cast(dtype)))
+    Ok(())
 }
 
-/// `jac_reshape(j, y, x)`: the stacked rows of a Jacobian laid out
-/// as `shape(y) + shape(x)`. Reverse mode stacks one row per element of
-/// `y` (`[size(y), *shape(x)]`); forward mode one column per element of `x`
-/// as the last axis (`[*shape(y), size(x)]`).
+/// `like`'s structure with its leaves, in order, replaced by `leaves`.
+fn jac_rebuild(like: &Value, leaves: &mut impl Iterator<Item = Value>) -> Value {
+    match like {
+        Value::Tuple(items) => Value::tuple(items.iter().map(|i| jac_rebuild(i, leaves)).collect()),
+        Value::Record(r) => Value::Record(Arc::new(Record::new(
+            r.fields
+                .iter()
+                .map(|(k, f)| (k.clone(), jac_rebuild(f, leaves)))
+                .collect(),
+        ))),
+        _ => leaves.next().unwrap_or(Value::Zero),
+    }
+}
+
+/// The tensor leaves of `v` (a tensor, or tuples and records of them).
+fn jac_tensors<'a>(what: &str, v: &'a Value) -> Result<Vec<&'a Tensor>, RtError> {
+    let mut leaves = Vec::new();
+    jac_leaves(v, &mut leaves)?;
+    leaves
+        .into_iter()
+        .map(|l| l.ok_or_else(|| RtError::new(format!("jacobian: the {what} has no value"))))
+        .collect()
+}
+
+/// `jac_basis(y)`: the rows of the identity for a value shaped like `y`,
+/// one row per element of `y`: for a tensor `[size(y), *shape(y)]` in its
+/// float dtype; for tuples and records the same structure, each leaf
+/// `[size(y), *shape(leaf)]` (row `k` is 1 at element `k` of the
+/// flattened value, counting leaves in order).
+pub fn jac_basis(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
+    let y = &args[0];
+    let leaves = jac_tensors("value", y)?;
+    let m: usize = leaves.iter().map(|t| t.len()).sum();
+    let mut offset = 0;
+    let mut out = Vec::with_capacity(leaves.len());
+    for t in leaves {
+        let k = t.len();
+        let mut data = vec![0.0f64; m * k];
+        for i in 0..k {
+            data[(offset + i) * k + i] = 1.0;
+        }
+        offset += k;
+        let mut shape = vec![m];
+        shape.extend_from_slice(t.shape());
+        let dtype = if t.dtype().is_float() {
+            t.dtype()
+        } else {
+            DType::F32
+        };
+        out.push(Value::Tensor(Tensor::from_vec(data, &shape)?.cast(dtype)));
+    }
+    Ok(jac_rebuild(y, &mut out.into_iter()))
+}
+
+/// `jac_reshape(j, y, x, fwd)`: a Jacobian laid out as JAX lays it out:
+/// `shape(y) + shape(x)` for tensors; for tuples and records, `y`'s
+/// structure with `x`'s inside, a block per pair of leaves. Reverse mode
+/// (`fwd` false) stacked one row per element of `y` on `x`'s leaves
+/// (`[size(y), *shape(x leaf)]`); forward mode one column per element of
+/// `x` as the last axis of `y`'s leaves (`[*shape(y leaf), size(x)]`). A
+/// symbolic zero is a block of zeros.
 pub fn jac_reshape(_: &mut dyn Ctx, args: &[Value]) -> Result<Value, RtError> {
-    let [j, y, x] = args else {
-        return err("jac_reshape takes three arguments");
+    let [j, y, x, fwd] = args else {
+        return err("jac_reshape takes four arguments");
     };
-    let j = kargs::tensor("jacobian", j, "rows")?;
-    let y = kargs::tensor("jacobian", y, "value")?;
-    let x = kargs::tensor("jacobian", x, "argument")?;
-    let mut shape = y.shape().to_vec();
-    shape.extend_from_slice(x.shape());
-    Ok(Value::Tensor(j.reshape(&shape)?))
+    let fwd = kargs::bool_or("jacobian", fwd, "fwd", false)?;
+    let ys = jac_tensors("value", y)?;
+    let xs = jac_tensors("argument", x)?;
+    let mut js = Vec::new();
+    jac_leaves(j, &mut js)?;
+    // `j`'s leaves: one per leaf of `x` (reverse) or of `y` (forward);
+    // a single symbolic zero stands for all of them.
+    let per = if fwd { ys.len() } else { xs.len() };
+    if js.len() == 1 && js[0].is_none() {
+        js = vec![None; per];
+    }
+    if js.len() != per {
+        return err(format!(
+            "jacobian: {} blocks of rows for {per} leaves",
+            js.len()
+        ));
+    }
+    let m: usize = ys.iter().map(|t| t.len()).sum();
+    let n: usize = xs.iter().map(|t| t.len()).sum();
+    // Every block as a tensor of shape `shape(y_i) + shape(x_k)`.
+    let dtype = js
+        .iter()
+        .flatten()
+        .map(|t| t.dtype())
+        .next()
+        .unwrap_or_else(|| ys.first().map_or(DType::F64, |t| t.dtype()));
+    let mut outer = Vec::with_capacity(ys.len());
+    let mut yo = 0;
+    for yi in &ys {
+        let mut inner = Vec::with_capacity(xs.len());
+        let mut xo = 0;
+        for (k, xk) in xs.iter().enumerate() {
+            let mut shape = yi.shape().to_vec();
+            shape.extend_from_slice(xk.shape());
+            let (a, b) = (yi.len(), xk.len());
+            let block = match js[if fwd { outer.len() } else { k }] {
+                None => Tensor::from_vec(vec![0.0f64; a * b], &shape)?.cast(dtype),
+                Some(jt) if ys.len() == 1 && xs.len() == 1 => jt.reshape(&shape)?,
+                Some(jt) => {
+                    // reverse: rows yo..yo+a of [m, b]; forward: columns
+                    // xo..xo+b of [a, n]
+                    let (rows, cols, r0, c0) = if fwd { (a, n, 0, xo) } else { (m, b, yo, 0) };
+                    if jt.len() != rows * cols {
+                        return err(format!(
+                            "jacobian: a block of {} elements for {rows} x {cols}",
+                            jt.len()
+                        ));
+                    }
+                    let flat = jt.reshape(&[rows, cols])?.cast(DType::F64);
+                    let data = flat
+                        .as_f64()
+                        .ok_or_else(|| RtError::new("jacobian: rows"))?;
+                    let mut out = Vec::with_capacity(a * b);
+                    for r in 0..a {
+                        for c in 0..b {
+                            out.push(data[(r0 + r) * cols + c0 + c]);
+                        }
+                    }
+                    Tensor::from_vec(out, &shape)?.cast(jt.dtype())
+                }
+            };
+            inner.push(Value::Tensor(block));
+            xo += b;
+        }
+        outer.push(jac_rebuild(x, &mut inner.into_iter()));
+        yo += yi.len();
+    }
+    Ok(jac_rebuild(y, &mut outer.into_iter()))
 }
 
 #[cfg(test)]

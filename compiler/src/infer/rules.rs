@@ -583,32 +583,57 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             }
             Ok(collective_result(ctx, x, x.shape.clone()))
         }
+        Prim::JacBasis if has_unknown(&args[0]) => Ok(AbsVal::Unknown),
+        Prim::JacReshape if has_unknown(&args[1]) || has_unknown(&args[2]) => Ok(AbsVal::Unknown),
         Prim::JacBasis => {
-            let y = tensor(op, &args[0])?;
-            let m = y.shape.iter().product::<usize>();
-            let mut shape = vec![m];
-            shape.extend_from_slice(&y.shape);
-            let d = if y.dtype.is_float() {
-                y.dtype
-            } else {
-                DType::F32
-            };
-            Ok(AbsVal::Tensor(AbsTensor::new(d, shape, false)))
+            let leaves = jac_leaves(op, &args[0], "value")?;
+            let m: usize = leaves
+                .iter()
+                .map(|t| t.shape.iter().product::<usize>())
+                .sum();
+            let mut rows = leaves.iter().map(|y| {
+                let mut shape = vec![m];
+                shape.extend_from_slice(&y.shape);
+                let d = if y.dtype.is_float() {
+                    y.dtype
+                } else {
+                    DType::F32
+                };
+                AbsVal::Tensor(AbsTensor::new(d, shape, false))
+            });
+            Ok(jac_rebuild(&args[0], &mut rows))
         }
         Prim::JacReshape => {
-            let j = tensor(op, &args[0])?;
-            let (y, x) = (tensor(op, &args[1])?, tensor(op, &args[2])?);
-            let mut shape = y.shape.clone();
-            shape.extend_from_slice(&x.shape);
-            if shape.iter().product::<usize>() != j.shape.iter().product::<usize>() {
+            let ys = jac_leaves(op, &args[1], "value")?;
+            let xs = jac_leaves(op, &args[2], "argument")?;
+            let size = |t: &AbsTensor| t.shape.iter().product::<usize>();
+            let (m, n) = (
+                ys.iter().map(size).sum::<usize>(),
+                xs.iter().map(size).sum::<usize>(),
+            );
+            // The blocks' dtype: the rows', else the value's.
+            let mut js = Vec::new();
+            let mut dtype = None;
+            collect_tensors(&args[0], &mut js);
+            for j in &js {
+                dtype = dtype.or(Some(j.dtype));
+            }
+            let total: usize = js.iter().map(size).sum();
+            if !js.is_empty() && total != m * n {
                 return fail(format!(
-                    "jacobian: {} rows do not fit {:?} and {:?}",
-                    j.ty(),
-                    y.shape,
-                    x.shape
+                    "jacobian: {total} elements of rows do not fit {m} x {n}"
                 ));
             }
-            Ok(like(j, shape, None))
+            let dtype = dtype.unwrap_or_else(|| ys.first().map_or(DType::F64, |t| t.dtype));
+            let mut outer = ys.iter().map(|y| {
+                let mut inner = xs.iter().map(|x| {
+                    let mut shape = y.shape.clone();
+                    shape.extend_from_slice(&x.shape);
+                    AbsVal::Tensor(AbsTensor::new(dtype, shape, false))
+                });
+                jac_rebuild(&args[2], &mut inner)
+            });
+            Ok(jac_rebuild(&args[1], &mut outer))
         }
         Prim::MatrixT => {
             let x = tensor(op, &args[0])?;
@@ -2371,5 +2396,66 @@ mod tests {
             ty(Prim::MakeTuple, &[AbsVal::Unknown, f32s(&[2])]),
             "(?, f32[2])"
         );
+    }
+}
+
+/// The tensors of a Jacobian's value or argument (a tensor, or tuples and
+/// records of them), depth first.
+fn jac_leaves(op: &str, v: &AbsVal, what: &str) -> Result<Vec<AbsTensor>, RuleError> {
+    let mut out = Vec::new();
+    fn go(v: &AbsVal, out: &mut Vec<AbsTensor>) -> bool {
+        match v {
+            AbsVal::Tensor(t) => {
+                out.push(t.clone());
+                true
+            }
+            AbsVal::Tuple(items) => items.iter().all(|i| go(i, out)),
+            AbsVal::Record(fields) => fields.iter().all(|(_, f)| go(f, out)),
+            _ => false,
+        }
+    }
+    if go(v, &mut out) {
+        Ok(out)
+    } else {
+        fail(format!(
+            "{op}: the {what} must be made of tensors, tuples and records, got {v}"
+        ))
+    }
+}
+
+/// The known tensors inside `v` (symbolic zeros and unknowns left out).
+fn collect_tensors(v: &AbsVal, out: &mut Vec<AbsTensor>) {
+    match v {
+        AbsVal::Tensor(t) => out.push(t.clone()),
+        AbsVal::Tuple(items) => items.iter().for_each(|i| collect_tensors(i, out)),
+        AbsVal::Record(fields) => fields.iter().for_each(|(_, f)| collect_tensors(f, out)),
+        _ => {}
+    }
+}
+
+/// `like`'s structure of tuples and records with its leaves replaced, in
+/// order, by `leaves`.
+fn jac_rebuild(like: &AbsVal, leaves: &mut impl Iterator<Item = AbsVal>) -> AbsVal {
+    match like {
+        AbsVal::Tuple(items) => {
+            AbsVal::Tuple(items.iter().map(|i| jac_rebuild(i, leaves)).collect())
+        }
+        AbsVal::Record(fields) => AbsVal::Record(
+            fields
+                .iter()
+                .map(|(k, f)| (k.clone(), jac_rebuild(f, leaves)))
+                .collect(),
+        ),
+        _ => leaves.next().unwrap_or(AbsVal::Unknown),
+    }
+}
+
+/// Whether a value's type is known only at run time somewhere inside.
+fn has_unknown(v: &AbsVal) -> bool {
+    match v {
+        AbsVal::Unknown | AbsVal::Bottom => true,
+        AbsVal::Tuple(items) => items.iter().any(has_unknown),
+        AbsVal::Record(fields) => fields.iter().any(|(_, f)| has_unknown(f)),
+        _ => false,
     }
 }

@@ -349,9 +349,10 @@ impl Lowerer<'_> {
         let mapped = self.build_vmap(row_ref, &[Some(0)], &Axes::All(Some(0)), name, span);
         let basis = self.m.add_prim(w, Prim::JacBasis, &[y], l);
         let rows = self.m.add_apply(w, vec![mapped, basis], l);
+        let rev = self.konst(Const::Bool(false), span);
         let out = self
             .m
-            .add_prim(w, Prim::JacReshape, &[rows, y, ps[argnum]], l);
+            .add_prim(w, Prim::JacReshape, &[rows, y, ps[argnum], rev], l);
         self.m.set_output(w, out);
         self.graph_ref(w, span)
     }
@@ -425,9 +426,10 @@ impl Lowerer<'_> {
         let y = self.m.add_apply(w, inputs, l);
         let basis = self.m.add_prim(w, Prim::JacBasis, &[ps[argnum]], l);
         let cols = self.m.add_apply(w, vec![mapped, basis], l);
+        let fwd = self.konst(Const::Bool(true), span);
         let out = self
             .m
-            .add_prim(w, Prim::JacReshape, &[cols, y, ps[argnum]], l);
+            .add_prim(w, Prim::JacReshape, &[cols, y, ps[argnum], fwd], l);
         self.m.set_output(w, out);
         self.graph_ref(w, span)
     }
