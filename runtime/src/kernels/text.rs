@@ -7,8 +7,10 @@
 //! does; `{:SPEC}` writes it with `SPEC = [<|>][width][.precision][f|e]`:
 //! floats (and the elements of float tensors) in fixed notation with
 //! `precision` decimals (`f`, the default when a precision is given) or in
-//! exponent notation (`e`); a width pads the whole value with spaces, on
-//! the left unless `<` asks for the right. `{{` and `}}` are braces.
+//! exponent notation (`e`); a width pads each number with spaces (each
+//! element of a tensor, as NumPy's element formats do; other values
+//! whole), on the left unless `<` asks for the right. `{{` and `}}` are
+//! braces.
 
 use super::args::{arity, min_arity, string};
 use super::ctx::Ctx;
@@ -130,16 +132,44 @@ fn float_with(v: f64, spec: &Spec) -> String {
     }
 }
 
-/// Writes `t` as `print` does, its float elements under `spec`.
+/// `body` padded to the spec's width.
+fn padded(body: String, spec: &Spec) -> String {
+    let pad = spec.width.saturating_sub(body.chars().count());
+    if pad == 0 {
+        body
+    } else if spec.left {
+        format!("{body}{}", " ".repeat(pad))
+    } else {
+        format!("{}{body}", " ".repeat(pad))
+    }
+}
+
+/// Writes `t` as `print` does, each element under `spec` (floats with its
+/// precision when it has one, every element padded to its width).
 fn tensor_with(t: &Tensor, spec: &Spec) -> String {
     if t.is_empty() {
         return "[]".into();
     }
-    let elems: Vec<String> = t
-        .as_f64_vec()
-        .into_iter()
-        .map(|v| float_with(v, spec))
-        .collect();
+    let floats = t.dtype().is_float() && (spec.precision.is_some() || spec.exponent);
+    let elems: Vec<String> = if floats {
+        t.as_f64_vec()
+            .into_iter()
+            .map(|v| padded(float_with(v, spec), spec))
+            .collect()
+    } else {
+        // `print`'s own text of each element, split off the whole.
+        let n = t.len();
+        let flat = t.reshape(&[n]).map(|f| f.to_string()).unwrap_or_default();
+        let inner = flat.trim_start_matches('[').trim_end_matches(']');
+        let parts: Vec<String> = inner
+            .split(", ")
+            .map(|e| padded(e.to_string(), spec))
+            .collect();
+        if parts.len() != n {
+            return padded(t.to_string(), spec);
+        }
+        parts
+    };
     fn nest(out: &mut String, elems: &[String], shape: &[usize]) {
         match shape.split_first() {
             None => out.push_str(&elems[0]),
@@ -163,19 +193,13 @@ fn tensor_with(t: &Tensor, spec: &Spec) -> String {
 
 /// One value under a spec.
 fn value_with(v: &Value, spec: &Spec) -> String {
-    let body = match v {
+    match v {
+        // a tensor with axes: element by element
+        Value::Tensor(t) if t.ndim() > 0 => tensor_with(t, spec),
         Value::Tensor(t) if t.dtype().is_float() && (spec.precision.is_some() || spec.exponent) => {
-            tensor_with(t, spec)
+            padded(tensor_with(t, spec), spec)
         }
-        other => other.to_string(),
-    };
-    let pad = spec.width.saturating_sub(body.chars().count());
-    if pad == 0 {
-        body
-    } else if spec.left {
-        format!("{body}{}", " ".repeat(pad))
-    } else {
-        format!("{}{body}", " ".repeat(pad))
+        other => padded(other.to_string(), spec),
     }
 }
 
