@@ -749,6 +749,17 @@ pub fn check_program(
                     .join("\n  "),
                 configs: errs.iter().map(|(c, _)| *c).take(2).collect(),
             });
+        } else if first.contains("internal error") {
+            // The compiler's fault, however consistently it fails.
+            out.failures.push(Failure {
+                class: format!("internal error in every configuration: {first}"),
+                detail: errs
+                    .iter()
+                    .map(|(c, m)| format!("{}: {m}", CONFIGS[*c].name))
+                    .collect::<Vec<_>>()
+                    .join("\n  "),
+                configs: errs.iter().map(|(c, _)| *c).take(2).collect(),
+            });
         } else if errs.iter().all(|(_, m)| m == first) {
             out.gen_invalid = Some(first.clone());
         } else {

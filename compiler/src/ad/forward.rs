@@ -242,10 +242,14 @@ impl Ad<'_> {
     /// `(value, tangent)`.
     pub(super) fn fwd_graph(&mut self, f: GraphId, at: Loc) -> R<GraphId> {
         let closed = self.fv.get(f).is_empty();
+        // What the free variables stand for: their primal and tangent
+        // values in the transform being built.
+        let mut key = self.scoped(f, &self.f_primal);
+        key.1.extend(self.scoped(f, &self.f_tangent).1);
         let memo = if closed {
             self.f_closed.get(&f)
         } else {
-            self.f_graphs.get(&f)
+            self.f_graphs.get(&key)
         };
         if let Some(g) = memo {
             return Ok(*g);
@@ -262,7 +266,7 @@ impl Ad<'_> {
         if closed {
             self.f_closed.insert(f, ff);
         } else {
-            self.f_graphs.insert(f, ff);
+            self.f_graphs.insert(key, ff);
         }
         if let Some(t) = self.grad_target(f) {
             self.f_grad_target(f, ff, &t)?;

@@ -102,6 +102,10 @@ pub enum AdKind {
     Jvp,
 }
 
+/// A graph with free variables, and what each of them stands for in the
+/// transform being built (`None`: not mapped yet).
+type Scoped = (GraphId, Vec<Option<NodeId>>);
+
 /// A graph to build: `target` is an empty graph that lowering already
 /// refers to; it becomes the requested transform of `source`.
 #[derive(Clone, Debug)]
@@ -331,14 +335,16 @@ struct Ad<'a> {
     /// recursion. Their J threads a stack of backpropagators ([`Ad::j_stacked`]).
     tail_set: Option<HashSet<GraphId>>,
     /// The stack-threading J of graphs in `tail_set` (with free variables:
-    /// within one request; closed: shared).
-    jk_graphs: HashMap<GraphId, GraphId>,
+    /// within one request, per mapping of them, see [`Scoped`]; closed:
+    /// shared).
+    jk_graphs: HashMap<Scoped, GraphId>,
     jk_closed: HashMap<GraphId, GraphId>,
     /// `unwind(stack, d)`, which runs a stack of backpropagators.
     unwind: Option<GraphId>,
     /// J of graphs with free variables: valid within one request only (the
-    /// free variables map to that request's forward nodes).
-    j_graphs: HashMap<GraphId, GraphId>,
+    /// free variables map to that request's forward nodes), and only where
+    /// they map to the same nodes ([`Scoped`]).
+    j_graphs: HashMap<Scoped, GraphId>,
     /// J of graphs without free variables, shared by all requests.
     j_closed: HashMap<GraphId, GraphId>,
     /// Keyed by primitive, arity and whether it is differentiated.
@@ -347,7 +353,7 @@ struct Ad<'a> {
     node_map: HashMap<NodeId, NodeId>,
     /// Forward mode (`forward.rs`): F of graphs with free variables
     /// (within one request), of closed graphs (shared), of primitives.
-    f_graphs: HashMap<GraphId, GraphId>,
+    f_graphs: HashMap<Scoped, GraphId>,
     f_closed: HashMap<GraphId, GraphId>,
     f_prims: HashMap<(Prim, usize, bool), GraphId>,
     /// Original node → its primal and its tangent inside an F graph.
@@ -671,12 +677,23 @@ impl<'a> Ad<'a> {
         symmetric::GradTarget::of(self, req)
     }
 
+    /// The key of a transform of `f`, a graph with free variables: `f`
+    /// and the nodes its free variables stand for in the transform being
+    /// built (`map`). A closure whose enclosing graph is transformed twice
+    /// in one request (as `J` and as the stack-threading `J'` of a loop)
+    /// gets a transform per enclosing one, each capturing its own nodes.
+    fn scoped(&self, f: GraphId, map: &HashMap<NodeId, NodeId>) -> Scoped {
+        let fv = self.fv.get(f);
+        (f, fv.iter().map(|v| map.get(v).copied()).collect())
+    }
+
     fn j_graph(&mut self, f: GraphId, at: Loc) -> R<GraphId> {
         let closed = self.fv.get(f).is_empty();
+        let key = self.scoped(f, &self.node_map);
         let memo = if closed {
             self.j_closed.get(&f)
         } else {
-            self.j_graphs.get(&f)
+            self.j_graphs.get(&key)
         };
         if let Some(j) = memo {
             return Ok(*j);
@@ -708,7 +725,7 @@ impl<'a> Ad<'a> {
         if closed {
             self.j_closed.insert(f, jf);
         } else {
-            self.j_graphs.insert(f, jf);
+            self.j_graphs.insert(key, jf);
         }
         if self.in_tail_set(f) {
             self.j_wrapper(f, jf, at)?;
@@ -727,10 +744,11 @@ impl<'a> Ad<'a> {
     /// does the backward pass, [`Ad::unwind_graph`] popping the stack.
     fn j_stacked(&mut self, f: GraphId, at: Loc) -> R<GraphId> {
         let closed = self.fv.get(f).is_empty();
+        let key = self.scoped(f, &self.node_map);
         let memo = if closed {
             self.jk_closed.get(&f)
         } else {
-            self.jk_graphs.get(&f)
+            self.jk_graphs.get(&key)
         };
         if let Some(j) = memo {
             return Ok(*j);
@@ -746,7 +764,7 @@ impl<'a> Ad<'a> {
         if closed {
             self.jk_closed.insert(f, jf);
         } else {
-            self.jk_graphs.insert(f, jf);
+            self.jk_graphs.insert(key, jf);
         }
         self.j_body(f, jf, Some(at))?;
         Ok(jf)

@@ -345,8 +345,22 @@ fn run(
             InferError::new(
                 graph.loc,
                 format!(
-                    "internal error: entry graph @{} has free variables",
-                    graph.name
+                    "internal error: entry graph @{} has free variables ({})",
+                    graph.name,
+                    interp
+                        .fv
+                        .get(entry)
+                        .iter()
+                        .take(4)
+                        .map(|n| format!(
+                            "%{} of @{}",
+                            n.index(),
+                            m.node(*n)
+                                .graph
+                                .map_or("?".into(), |g| m.graph(g).name.clone())
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ),
             None,
