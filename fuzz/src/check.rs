@@ -739,39 +739,31 @@ pub fn check_program(
         let mapped_only = runs
             .iter()
             .any(|(_, r)| r.stdout.lines().any(|l| l.starts_with("gfd1m ")));
+        // A failure that every configuration shares, with each one's message.
+        let everywhere = |class: String| Failure {
+            class,
+            detail: errs
+                .iter()
+                .map(|(c, m)| format!("{}: {m}", CONFIGS[*c].name))
+                .collect::<Vec<_>>()
+                .join("\n  "),
+            configs: errs.iter().map(|(c, _)| *c).take(2).collect(),
+        };
         if mapped_only {
-            out.failures.push(Failure {
-                class: format!("vmap fails where the function runs: {first}"),
-                detail: errs
-                    .iter()
-                    .map(|(c, m)| format!("{}: {m}", CONFIGS[*c].name))
-                    .collect::<Vec<_>>()
-                    .join("\n  "),
-                configs: errs.iter().map(|(c, _)| *c).take(2).collect(),
-            });
+            out.failures.push(everywhere(format!(
+                "vmap fails where the function runs: {first}"
+            )));
         } else if first.contains("internal error") {
             // The compiler's fault, however consistently it fails.
-            out.failures.push(Failure {
-                class: format!("internal error in every configuration: {first}"),
-                detail: errs
-                    .iter()
-                    .map(|(c, m)| format!("{}: {m}", CONFIGS[*c].name))
-                    .collect::<Vec<_>>()
-                    .join("\n  "),
-                configs: errs.iter().map(|(c, _)| *c).take(2).collect(),
-            });
+            out.failures.push(everywhere(format!(
+                "internal error in every configuration: {first}"
+            )));
         } else if errs.iter().all(|(_, m)| m == first) {
             out.gen_invalid = Some(first.clone());
         } else {
-            out.failures.push(Failure {
-                class: "different errors in different configurations".into(),
-                detail: errs
-                    .iter()
-                    .map(|(c, m)| format!("{}: {m}", CONFIGS[*c].name))
-                    .collect::<Vec<_>>()
-                    .join("\n  "),
-                configs: errs.iter().map(|(c, _)| *c).take(2).collect(),
-            });
+            out.failures.push(everywhere(
+                "different errors in different configurations".into(),
+            ));
         }
         return out;
     }
