@@ -308,6 +308,22 @@ pub fn apply(p: Prim, ctx: &RuleCtx, args: &[AbsVal], calls: &mut dyn Calls) -> 
             let shape = shape::take(x.ty(), idx.ty(), axis)?;
             Ok(like(x, shape, None))
         }
+        // `shape(x)[0]` as NumPy's `x.shape[0]`: say how a tuple's items
+        // are read.
+        Prim::Index if matches!(&args[0], AbsVal::Tuple(_)) => {
+            let item = match args.get(1) {
+                Some(AbsVal::Tensor(t)) if t.shape.is_empty() => t
+                    .value
+                    .as_ref()
+                    .and_then(|v| v.first().copied())
+                    .map_or("0".to_string(), |k| k.to_string()),
+                _ => "0".to_string(),
+            };
+            fail(format!(
+                "`[..]` indexes tensors, but this is the tuple {}: read an item with `.{item}` (`shape(x).{item}` for NumPy's `x.shape[{item}]`)",
+                args[0]
+            ))
+        }
         Prim::Index => index(ctx, &args[0], &args[1..], arg_nodes_from(ctx, 1)),
         Prim::IndexAt => {
             let (comps, nodes) = index_tuple(ctx, &args[1], 1)?;
