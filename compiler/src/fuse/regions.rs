@@ -47,10 +47,81 @@ use crate::scalar::{
     FuncIdx, SBinary, SCall, SFunc, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
 };
 
+/// Tensors with at most this many elements join a region as one scalar
+/// per element ([`Shape::Tensor`]).
+const MAX_LANES: usize = 512;
+
+/// A region whose functions have more instructions than this in all is
+/// left to the VM (tensors of many lanes and many operations make long
+/// straight-line code, slow to compile).
+const MAX_INSTS: usize = 40_000;
+
+/// The number of elements of a tensor of shape `dims`.
+fn numel(dims: &[usize]) -> usize {
+    dims.iter().product()
+}
+
+/// For every element of a tensor of shape `dst` (row-major), the element
+/// of a tensor of shape `src` that broadcasts to it; `None` if `src` does
+/// not broadcast to `dst`.
+fn broadcast_map(src: &[usize], dst: &[usize]) -> Option<Vec<usize>> {
+    let off = dst.len().checked_sub(src.len())?;
+    for (k, &d) in src.iter().enumerate() {
+        if d != 1 && d != dst[off + k] {
+            return None;
+        }
+    }
+    // Row-major strides of `src` on the axes of `dst`, 0 where it
+    // broadcasts.
+    let mut strides = vec![0; dst.len()];
+    let mut acc = 1;
+    for k in (0..src.len()).rev() {
+        if src[k] != 1 {
+            strides[off + k] = acc;
+        }
+        acc *= src[k];
+    }
+    let n = numel(dst);
+    let mut out = Vec::with_capacity(n);
+    let mut idx = vec![0usize; dst.len()];
+    for _ in 0..n {
+        out.push(idx.iter().zip(&strides).map(|(i, s)| i * s).sum());
+        for k in (0..dst.len()).rev() {
+            idx[k] += 1;
+            if idx[k] < dst[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    Some(out)
+}
+
+/// For every element of a tensor of shape `dims` (row-major), the
+/// element of its sum over `axis` (`None`: all axes) it adds to.
+fn reduce_targets(dims: &[usize], axis: Option<usize>) -> Vec<usize> {
+    let n = numel(dims);
+    let Some(a) = axis else {
+        return vec![0; n];
+    };
+    // Position `i` is (outer, along, inner) around axis `a`; its sum is at
+    // (outer, inner).
+    let inner = numel(&dims[a + 1..]);
+    let d = dims[a];
+    (0..n)
+        .map(|i| (i / (d * inner)) * inner + i % inner)
+        .collect()
+}
+
 /// The structure of a value made of scalars.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Shape {
     Scalar(SType, bool),
+    /// A small tensor of static shape (at least one axis, at most
+    /// [`MAX_LANES`] elements): one scalar per element, row-major, so
+    /// element-wise operations run lane by lane and indexing with a
+    /// run-time position selects among the lanes.
+    Tensor(SType, bool, Vec<usize>),
     Tuple(Vec<Shape>),
     /// The IO token, passed through unchanged: no machine value.
     Io,
@@ -68,6 +139,10 @@ impl Shape {
             AbsVal::Tensor(t) if t.shape.is_empty() => {
                 Some(Shape::Scalar(SType::of(t.dtype)?, t.weak))
             }
+            AbsVal::Tensor(t) => (1..=MAX_LANES)
+                .contains(&numel(&t.shape))
+                .then(|| Some(Shape::Tensor(SType::of(t.dtype)?, t.weak, t.shape.clone())))
+                .flatten(),
             AbsVal::Tuple(items) => items
                 .iter()
                 .map(Shape::of)
@@ -89,6 +164,7 @@ impl Shape {
     fn flatten(&self, out: &mut Vec<SType>) {
         match self {
             Shape::Scalar(t, _) => out.push(*t),
+            Shape::Tensor(t, _, dims) => out.extend(std::iter::repeat_n(*t, numel(dims))),
             Shape::Tuple(items) => items.iter().for_each(|s| s.flatten(out)),
             Shape::Io | Shape::Stack | Shape::Zero => {}
         }
@@ -101,17 +177,35 @@ impl Shape {
         }
     }
 
+    /// The element type of a scalar or a tensor.
+    pub(super) fn elem(&self) -> Option<(SType, bool)> {
+        match self {
+            Shape::Scalar(t, w) | Shape::Tensor(t, w, _) => Some((*t, *w)),
+            _ => None,
+        }
+    }
+
+    /// The axes of a scalar (none) or a tensor.
+    fn dims(&self) -> Option<&[usize]> {
+        match self {
+            Shape::Scalar(..) => Some(&[]),
+            Shape::Tensor(_, _, dims) => Some(dims),
+            _ => None,
+        }
+    }
+
     fn has_io(&self) -> bool {
         match self {
             Shape::Io => true,
             Shape::Tuple(items) => items.iter().any(Shape::has_io),
-            Shape::Scalar(..) | Shape::Stack | Shape::Zero => false,
+            Shape::Scalar(..) | Shape::Tensor(..) | Shape::Stack | Shape::Zero => false,
         }
     }
 
     fn width(&self) -> usize {
         match self {
             Shape::Scalar(..) => 1,
+            Shape::Tensor(_, _, dims) => numel(dims),
             Shape::Tuple(items) => items.iter().map(Shape::width).sum(),
             Shape::Io | Shape::Stack | Shape::Zero => 0,
         }
@@ -131,6 +225,29 @@ impl Shape {
                     Scalar::Bool(x) => Tensor::scalar_bool(x),
                 };
                 Value::Tensor(t.with_weak(*weak && s.ty() != SType::Bool))
+            }
+            Shape::Tensor(t, weak, dims) => {
+                let n = numel(dims);
+                let lanes: Vec<Scalar> = vals.take(n).collect();
+                if lanes.len() != n {
+                    return Err(RtError::internal("scalar kernel: too few results"));
+                }
+                if lanes.iter().any(|s| s.ty() != *t) {
+                    return Err(RtError::internal("scalar kernel: a lane of another type"));
+                }
+                // Every lane has type `t`, so each arm keeps them all.
+                macro_rules! typed {
+                    ($get:ident) => {
+                        Tensor::from_vec(lanes.iter().filter_map(|s| s.$get()).collect(), dims)?
+                    };
+                }
+                let x = match t {
+                    SType::F32 => typed!(as_f32),
+                    SType::F64 => typed!(as_f64),
+                    SType::I64 => typed!(as_i64),
+                    SType::Bool => typed!(as_bool),
+                };
+                Value::Tensor(x.with_weak(*weak && *t != SType::Bool))
             }
             Shape::Tuple(items) => Value::tuple(
                 items
@@ -375,6 +492,44 @@ impl Cx<'_> {
         }
     }
 
+    /// The element type of a scalar or tensor operand `n`.
+    fn elem_dtype(&self, n: NodeId) -> Option<WeakDType> {
+        match self.m.as_const(n) {
+            Some(c) => literal(c).map(|(_, w)| w),
+            None => self.shape(n)?.elem().map(|(t, w)| (t.dtype(), w)),
+        }
+    }
+
+    /// The axes of a scalar or tensor operand `n` (none for a literal).
+    fn dims_of(&self, n: NodeId) -> Option<Vec<usize>> {
+        match self.m.as_const(n) {
+            Some(c) => literal(c).map(|_| Vec::new()),
+            None => self.shape(n)?.dims().map(<[usize]>::to_vec),
+        }
+    }
+
+    /// Whether operand `n` broadcasts to `dims`.
+    fn broadcasts(&self, n: NodeId, dims: &[usize]) -> Option<()> {
+        broadcast_map(&self.dims_of(n)?, dims).map(|_| ())
+    }
+
+    /// The int literals of a constant index component, or of a tuple of
+    /// them built in the graph.
+    fn const_ints(&self, n: NodeId) -> Option<Vec<i64>> {
+        match self.m.as_const(n) {
+            Some(Const::Int(i)) => Some(vec![*i]),
+            Some(_) => None,
+            None if self.m.applied_prim(n) == Some(Prim::MakeTuple) => self.m.inputs(n)[1..]
+                .iter()
+                .map(|i| match self.m.as_const(*i) {
+                    Some(Const::Int(v)) => Some(*v),
+                    _ => None,
+                })
+                .collect(),
+            None => None,
+        }
+    }
+
     pub(super) fn graph_const(&self, n: NodeId) -> Option<GraphId> {
         match self.m.as_const(n) {
             Some(Const::Graph(h)) => Some(*h),
@@ -397,11 +552,11 @@ impl Cx<'_> {
         let out = graph.output?;
         for &p in &graph.params {
             let sh = self.shape(p)?;
-            (sh.scalar().is_some() || matches!(sh, Shape::Io | Shape::Stack | Shape::Zero))
+            (sh.elem().is_some() || matches!(sh, Shape::Io | Shape::Stack | Shape::Zero))
                 .then_some(())?;
         }
         for &p in self.fv.get(g) {
-            self.shape(p)?.scalar()?;
+            self.shape(p)?.elem()?;
         }
         self.shape(out)?;
         let body = self.body(g);
@@ -475,19 +630,84 @@ impl Cx<'_> {
                 (k < items.len()).then_some(())?;
             }
             Prim::Switch => {
-                let (r, _) = result.scalar()?;
+                let (r, _) = result.elem()?;
                 if self.weak_dtype(ins[0])?.0 != DType::Bool {
                     return None;
                 }
                 for &i in &ins[1..] {
-                    if self.weak_dtype(i)?.0 != r.dtype() {
+                    if self.elem_dtype(i)?.0 != r.dtype() {
                         return None;
                     }
+                    self.broadcasts(i, result.dims()?)?;
                 }
             }
             Prim::Cast => {
-                result.scalar()?;
-                self.weak_dtype(ins[0])?;
+                result.elem()?;
+                self.elem_dtype(ins[0])?;
+                (self.dims_of(ins[0])? == result.dims()?).then_some(())?;
+            }
+            Prim::Index => {
+                let Shape::Tensor(t, _, dims) = self.shape(ins[0])? else {
+                    return None;
+                };
+                let comps = &ins[1..];
+                if comps.is_empty() || comps.len() > dims.len() {
+                    return None;
+                }
+                for (axis, &c) in comps.iter().enumerate() {
+                    match self.m.as_const(c) {
+                        // A literal out of range is left to the VM's error.
+                        Some(Const::Int(i)) => {
+                            let j = if *i < 0 { i + dims[axis] as i64 } else { *i };
+                            (0..dims[axis] as i64).contains(&j).then_some(())?;
+                        }
+                        Some(_) => return None,
+                        None => (self.shape(c)?.scalar()?.0 == SType::I64).then_some(())?,
+                    }
+                }
+                let (r, _) = result.elem()?;
+                (r == t && result.dims()? == &dims[comps.len()..]).then_some(())?;
+            }
+            Prim::IndexSet => {
+                let Shape::Tensor(t, _, dims) = self.shape(ins[0])? else {
+                    return None;
+                };
+                let Shape::Tuple(items) = self.shape(ins[1])? else {
+                    return None;
+                };
+                if items.is_empty() || items.len() > dims.len() {
+                    return None;
+                }
+                for item in &items {
+                    (item.scalar()?.0 == SType::I64).then_some(())?;
+                }
+                if let Some(is) = self.const_ints(ins[1]) {
+                    for (axis, i) in is.iter().enumerate() {
+                        let j = if *i < 0 { i + dims[axis] as i64 } else { *i };
+                        (0..dims[axis] as i64).contains(&j).then_some(())?;
+                    }
+                }
+                self.elem_dtype(ins[2])?;
+                self.broadcasts(ins[2], &dims[items.len()..])?;
+                (result == Shape::Tensor(t, result.elem()?.1, dims)).then_some(())?;
+            }
+            Prim::Sum => {
+                let Shape::Tensor(t, _, dims) = self.shape(ins[0])? else {
+                    return None;
+                };
+                (t != SType::Bool).then_some(())?;
+                let (_, kept) = self.reduced(n, &dims)?;
+                let (r, _) = result.elem()?;
+                (r == t && numel(result.dims()?) == numel(&kept)).then_some(())?;
+            }
+            Prim::Shape => {
+                let dims = self.dims_of(ins[0])?;
+                (result == Shape::Tuple(vec![Shape::Scalar(SType::I64, false); dims.len()]))
+                    .then_some(())?;
+            }
+            Prim::Reshape => {
+                let x = self.shape(ins[0])?;
+                (x.elem()?.0 == result.elem()?.0 && x.width() == result.width()).then_some(())?;
             }
             Prim::Zero => (result == Shape::Zero).then_some(())?,
             // A marked free variable of a reversed loop: the key's
@@ -497,26 +717,32 @@ impl Cx<'_> {
                 self.const_index(ins[1])?;
             }
             Prim::Where => {
-                let (r, _) = result.scalar()?;
+                let (r, _) = result.elem()?;
                 let (c, a, b) = (
-                    self.weak_dtype(ins[0])?,
-                    self.weak_dtype(ins[1])?,
-                    self.weak_dtype(ins[2])?,
+                    self.elem_dtype(ins[0])?,
+                    self.elem_dtype(ins[1])?,
+                    self.elem_dtype(ins[2])?,
                 );
                 let (d, _) = dtype::where_result(c, a, b).ok()?;
                 (d == r.dtype()).then_some(())?;
+                for &i in &ins[..3] {
+                    self.broadcasts(i, result.dims()?)?;
+                }
             }
             _ => {
-                let (r, _) = result.scalar()?;
+                let (r, _) = result.elem()?;
+                for &i in ins {
+                    self.broadcasts(i, result.dims()?)?;
+                }
                 if let Some(op) = SUnary::of_prim(p) {
-                    let x = self.weak_dtype(*ins.first()?)?;
+                    let x = self.elem_dtype(*ins.first()?)?;
                     let (d, _) = dtype::unary_result(op.name(), x).ok()?;
                     (ins.len() == 1 && d == r.dtype()).then_some(())?;
                 } else if let Some(op) = SBinary::of_prim(p) {
                     if ins.len() != 2 {
                         return None;
                     }
-                    let (a, b) = (self.weak_dtype(ins[0])?, self.weak_dtype(ins[1])?);
+                    let (a, b) = (self.elem_dtype(ins[0])?, self.elem_dtype(ins[1])?);
                     let (c, _) = dtype::binary_operands(op.name(), a, b).ok()?;
                     let (d, _) = dtype::binary_result(op.name(), a, b).ok()?;
                     (op.accepts(SType::of(c)?) && d == r.dtype()).then_some(())?;
@@ -526,6 +752,28 @@ impl Cx<'_> {
             }
         }
         Some(())
+    }
+
+    /// The axis `sum(x, axis, keepdims)` (node `n`, `x` of shape `dims`)
+    /// reduces (`None`: all of them) and the axes it keeps; `None` unless
+    /// its axis is `()` or an int literal and `keepdims` a literal.
+    fn reduced(&self, n: NodeId, dims: &[usize]) -> Option<(Option<usize>, Vec<usize>)> {
+        let ins = &self.m.inputs(n)[1..];
+        let [_, axis, keep] = ins else {
+            return None;
+        };
+        matches!(self.m.as_const(*keep), Some(Const::Bool(_))).then_some(())?;
+        match self.m.as_const(*axis)? {
+            Const::Unit => Some((None, Vec::new())),
+            Const::Int(a) => {
+                let a = if *a < 0 { a + dims.len() as i64 } else { *a };
+                let a = usize::try_from(a).ok().filter(|a| *a < dims.len())?;
+                let mut kept = dims.to_vec();
+                kept.remove(a);
+                Some((Some(a), kept))
+            }
+            _ => None,
+        }
     }
 
     fn const_index(&self, n: NodeId) -> Option<usize> {
@@ -907,8 +1155,8 @@ pub(super) fn entry_types_match(cx: &Cx, n: NodeId, g: GraphId) -> bool {
             if let Some(sh @ (Shape::Io | Shape::Zero)) = cx.shape(*p) {
                 return cx.shape(*a) == Some(sh);
             }
-            match (cx.weak_dtype(*a), cx.weak_dtype(*p)) {
-                (Some(x), Some(y)) => x.0 == y.0,
+            match (cx.elem_dtype(*a), cx.elem_dtype(*p)) {
+                (Some(x), Some(y)) => x.0 == y.0 && cx.dims_of(*a) == cx.dims_of(*p),
                 _ => false,
             }
         })
@@ -944,6 +1192,15 @@ pub(super) fn program_of(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Opt
             term: STerm::Return((0..tys.len() as u32).map(SVal).collect()),
         });
     }
+    let insts: usize = funcs.iter().map(|f| f.body.len()).sum();
+    if insts > MAX_INSTS {
+        tracing::debug!(
+            target: "adjoint::scalar",
+            "scalar: @{} makes {insts} instructions, more than {MAX_INSTS}",
+            cx.m.graph(order[0]).name
+        );
+        return None;
+    }
     Some(ScalarProgram { funcs })
 }
 
@@ -963,7 +1220,18 @@ fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel
         }
     };
     let g = order[0];
-    let params = program.funcs[0].params.clone();
+    // The kernel's arguments: the entry's parameters but the token and
+    // zeros, then its free variables.
+    let graph = cx.m.graph(g);
+    let inputs: Vec<Shape> = graph
+        .params
+        .iter()
+        .chain(cx.fv.get(g))
+        .map(|p| cx.shape(*p))
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .filter(|s| !matches!(s, Shape::Io | Shape::Zero | Shape::Stack))
+        .collect();
     let result = match exit {
         Some(e) => e.result(),
         None => cx.shape(cx.m.graph(g).output?)?,
@@ -971,7 +1239,7 @@ fn build(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Option<ScalarKernel
     Some(ScalarKernel {
         name: format!("scalar loop @{}", cx.m.graph(g).name),
         graphs: order.iter().map(|g| cx.m.graph(*g).name.clone()).collect(),
-        params,
+        inputs,
         result,
         compiled,
     })
@@ -1014,10 +1282,11 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                 b.vals.insert(p, Vec::new());
                 continue;
             }
-            let (t, _) = cx.shape(p)?.scalar()?;
-            b.params.push(t);
-            b.vals.insert(p, vec![SVal(b.next)]);
-            b.next += 1;
+            let tys = cx.shape(p)?.flat();
+            b.vals
+                .insert(p, (0..tys.len() as u32).map(|k| SVal(b.next + k)).collect());
+            b.next += tys.len() as u32;
+            b.params.extend(tys);
         }
         for &(k, t) in &cx.keys {
             b.params.push(t);
@@ -1073,6 +1342,84 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         }
     }
 
+    /// The lanes of operand `n` converted to `t` and broadcast to `dims`
+    /// (a literal or a scalar is repeated).
+    fn lanes(&mut self, n: NodeId, t: SType, dims: &[usize]) -> Option<Vec<SVal>> {
+        let (src, from) = if self.cx.m.as_const(n).is_some() {
+            (vec![self.operand(n, t)?], Vec::new())
+        } else {
+            let sh = self.cx.shape(n)?;
+            let (have, _) = sh.elem()?;
+            let from = sh.dims()?.to_vec();
+            let vs = self.vals.get(&n)?.clone();
+            (vs.len() == numel(&from)).then_some(())?;
+            let vs = if have == t {
+                vs
+            } else {
+                vs.into_iter()
+                    .map(|v| self.push(SOp::Cast(v), vec![t])[0])
+                    .collect()
+            };
+            (vs, from)
+        };
+        Some(
+            broadcast_map(&from, dims)?
+                .into_iter()
+                .map(|k| src[k])
+                .collect(),
+        )
+    }
+
+    fn int(&mut self, i: i64) -> SVal {
+        self.push(SOp::Const(Scalar::I64(i)), vec![SType::I64])[0]
+    }
+
+    /// The row-major block that index components `comps` (i64 values, the
+    /// first `comps.len()` axes of `dims`) select, checked and counted
+    /// from the end as indexing does; and, for each block after the first,
+    /// whether it is that one.
+    fn block(&mut self, comps: &[SVal], dims: &[usize]) -> Vec<SVal> {
+        let mut at = None;
+        for (axis, &c) in comps.iter().enumerate() {
+            let j = self.push(
+                SOp::Bound {
+                    index: c,
+                    size: dims[axis] as u32,
+                    axis: axis as u32,
+                },
+                vec![SType::I64],
+            )[0];
+            at = Some(match at {
+                None => j,
+                Some(a) => {
+                    let d = self.int(dims[axis] as i64);
+                    let scaled = self.push(SOp::Binary(SBinary::Mul, a, d), vec![SType::I64])[0];
+                    self.push(SOp::Binary(SBinary::Add, scaled, j), vec![SType::I64])[0]
+                }
+            });
+        }
+        let at = at.expect("at least one component");
+        (1..numel(&dims[..comps.len()]))
+            .map(|r| {
+                let k = self.int(r as i64);
+                self.push(SOp::Binary(SBinary::Eq, at, k), vec![SType::Bool])[0]
+            })
+            .collect()
+    }
+
+    /// The index components of `index(x, c..)` as i64 values (literals
+    /// made constants).
+    fn components(&mut self, comps: &[NodeId]) -> Option<Vec<SVal>> {
+        comps
+            .iter()
+            .map(|&c| match self.cx.m.as_const(c) {
+                Some(Const::Int(i)) => Some(self.int(*i)),
+                Some(_) => None,
+                None => self.vals.get(&c)?.first().copied(),
+            })
+            .collect()
+    }
+
     /// A call of `h` with the arguments `args` (an exit: of the exit
     /// function).
     fn call(&mut self, h: GraphId, args: &[NodeId]) -> Option<SCall> {
@@ -1108,13 +1455,16 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                 (self.cx.shape(a)? == Shape::Zero).then_some(())?;
                 continue;
             }
-            let (t, _) = shape.scalar()?;
+            let (t, _) = shape.elem()?;
             let v = self.values(a, &shape)?;
             // An argument is passed as it is: its type must be the
             // parameter's.
             match m.as_const(a) {
                 Some(c) => (literal(c)?.0.ty() == t).then_some(())?,
-                None => (self.cx.shape(a)?.scalar()?.0 == t).then_some(())?,
+                None => {
+                    let sh = self.cx.shape(a)?;
+                    (sh.elem()?.0 == t && sh.dims() == shape.dims()).then_some(())?
+                }
             }
             vs.extend(v);
         }
@@ -1212,43 +1562,199 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     all[start..start + items[k].width()].to_vec()
                 }
                 Prim::Switch => {
-                    let (t, _) = shape.scalar()?;
+                    let (t, _) = shape.elem()?;
+                    let dims = shape.dims()?.to_vec();
                     let c = self.operand(ins[1], SType::Bool)?;
-                    let a = self.operand(ins[2], t)?;
-                    let b = self.operand(ins[3], t)?;
-                    self.push(SOp::Select(c, a, b), vec![t])
+                    let a = self.lanes(ins[2], t, &dims)?;
+                    let b = self.lanes(ins[3], t, &dims)?;
+                    a.into_iter()
+                        .zip(b)
+                        .map(|(a, b)| self.push(SOp::Select(c, a, b), vec![t])[0])
+                        .collect()
                 }
+                Prim::Index => {
+                    let Shape::Tensor(_, _, dims) = cx.shape(ins[1])? else {
+                        return None;
+                    };
+                    let xs = self.vals.get(&ins[1])?.clone();
+                    let k = ins.len() - 2;
+                    let inner = numel(&dims[k..]);
+                    let (t, _) = shape.elem()?;
+                    let consts: Option<Vec<i64>> = ins[2..]
+                        .iter()
+                        .map(|c| match m.as_const(*c) {
+                            Some(Const::Int(i)) => Some(*i),
+                            _ => None,
+                        })
+                        .collect();
+                    match consts {
+                        Some(is) => {
+                            // Literals (checked in range by the analysis).
+                            let mut b = 0;
+                            for (axis, i) in is.iter().enumerate() {
+                                let j = if *i < 0 { i + dims[axis] as i64 } else { *i };
+                                b = b * dims[axis] + j as usize;
+                            }
+                            xs[b * inner..(b + 1) * inner].to_vec()
+                        }
+                        None => {
+                            let comps = self.components(&ins[2..])?;
+                            let hits = self.block(&comps, &dims);
+                            (0..inner)
+                                .map(|j| {
+                                    let mut v = xs[j];
+                                    for (r, &hit) in hits.iter().enumerate() {
+                                        v = self.push(
+                                            SOp::Select(hit, xs[(r + 1) * inner + j], v),
+                                            vec![t],
+                                        )[0];
+                                    }
+                                    v
+                                })
+                                .collect()
+                        }
+                    }
+                }
+                Prim::IndexSet => {
+                    let Shape::Tensor(t, _, dims) = cx.shape(ins[1])? else {
+                        return None;
+                    };
+                    let xs = self.vals.get(&ins[1])?.clone();
+                    let comps = self.vals.get(&ins[2])?.clone();
+                    let k = comps.len();
+                    let inner = numel(&dims[k..]);
+                    let vs = self.lanes(ins[3], t, &dims[k..])?;
+                    match cx.const_ints(ins[2]) {
+                        Some(is) => {
+                            let mut b = 0;
+                            for (axis, i) in is.iter().enumerate() {
+                                let j = if *i < 0 { i + dims[axis] as i64 } else { *i };
+                                b = b * dims[axis] + j as usize;
+                            }
+                            let mut out = xs;
+                            out[b * inner..(b + 1) * inner].copy_from_slice(&vs);
+                            out
+                        }
+                        None => {
+                            let hits = self.block(&comps, &dims);
+                            // Block 0 is selected when no other is.
+                            let first = if hits.is_empty() {
+                                None
+                            } else {
+                                let mut any = hits[0];
+                                for &h in &hits[1..] {
+                                    any = self
+                                        .push(SOp::Binary(SBinary::Or, any, h), vec![SType::Bool])
+                                        [0];
+                                }
+                                Some(self.push(SOp::Unary(SUnary::Not, any), vec![SType::Bool])[0])
+                            };
+                            xs.iter()
+                                .enumerate()
+                                .map(|(lane, &old)| {
+                                    let (r, j) = (lane / inner, lane % inner);
+                                    let hit = if r == 0 { first } else { Some(hits[r - 1]) };
+                                    match hit {
+                                        None => vs[j],
+                                        Some(h) => {
+                                            self.push(SOp::Select(h, vs[j], old), vec![t])[0]
+                                        }
+                                    }
+                                })
+                                .collect()
+                        }
+                    }
+                }
+                Prim::Sum => {
+                    let Shape::Tensor(t, _, dims) = cx.shape(ins[1])? else {
+                        return None;
+                    };
+                    let xs = self.vals.get(&ins[1])?.clone();
+                    let (axis, kept) = cx.reduced(n, &dims)?;
+                    // Row-major over the input, as the runtime adds: floats
+                    // in f64 from 0, rounded once; ints wrapping.
+                    let acc_t = if t.is_float() { SType::F64 } else { SType::I64 };
+                    let zero = match acc_t {
+                        SType::F64 => Scalar::F64(0.0),
+                        _ => Scalar::I64(0),
+                    };
+                    let mut acc: Vec<Option<SVal>> = vec![None; numel(&kept)];
+                    let to_out = reduce_targets(&dims, axis);
+                    for (lane, &x) in xs.iter().enumerate() {
+                        let x = if t == acc_t {
+                            x
+                        } else {
+                            self.push(SOp::Cast(x), vec![acc_t])[0]
+                        };
+                        let o = to_out[lane];
+                        let a = match acc[o] {
+                            Some(a) => a,
+                            None => self.push(SOp::Const(zero), vec![acc_t])[0],
+                        };
+                        acc[o] = Some(self.push(SOp::Binary(SBinary::Add, a, x), vec![acc_t])[0]);
+                    }
+                    acc.into_iter()
+                        .map(|a| {
+                            let a = a?;
+                            Some(if t == acc_t {
+                                a
+                            } else {
+                                self.push(SOp::Cast(a), vec![t])[0]
+                            })
+                        })
+                        .collect::<Option<Vec<_>>>()?
+                }
+                Prim::Shape => {
+                    let dims = cx.dims_of(ins[1])?;
+                    dims.iter().map(|d| self.int(*d as i64)).collect()
+                }
+                Prim::Reshape => self.vals.get(&ins[1])?.clone(),
                 Prim::AdKey => {
                     let k = cx.const_index(ins[2])? as i64;
                     vec![*self.keys.get(&k)?]
                 }
                 Prim::Zero => Vec::new(),
                 Prim::Cast => {
-                    let (t, _) = shape.scalar()?;
-                    let (from, _) = cx.shape(ins[1])?.scalar()?;
-                    let x = self.operand(ins[1], from)?;
-                    self.push(SOp::Cast(x), vec![t])
+                    let (t, _) = shape.elem()?;
+                    let dims = shape.dims()?.to_vec();
+                    let from = match cx.m.as_const(ins[1]) {
+                        Some(c) => literal(c)?.0.ty(),
+                        None => cx.shape(ins[1])?.elem()?.0,
+                    };
+                    let xs = self.lanes(ins[1], from, &dims)?;
+                    xs.into_iter()
+                        .map(|x| self.push(SOp::Cast(x), vec![t])[0])
+                        .collect()
                 }
                 Prim::Where => {
-                    let (t, _) = shape.scalar()?;
-                    let c = self.operand(ins[1], SType::Bool)?;
-                    let a = self.operand(ins[2], t)?;
-                    let b = self.operand(ins[3], t)?;
-                    self.push(SOp::Select(c, a, b), vec![t])
+                    let (t, _) = shape.elem()?;
+                    let dims = shape.dims()?.to_vec();
+                    let c = self.lanes(ins[1], SType::Bool, &dims)?;
+                    let a = self.lanes(ins[2], t, &dims)?;
+                    let b = self.lanes(ins[3], t, &dims)?;
+                    (0..c.len())
+                        .map(|k| self.push(SOp::Select(c[k], a[k], b[k]), vec![t])[0])
+                        .collect()
                 }
                 _ => {
-                    let (t, _) = shape.scalar()?;
+                    let (t, _) = shape.elem()?;
+                    let dims = shape.dims()?.to_vec();
                     if let Some(op) = SUnary::of_prim(p) {
-                        let x = self.operand(ins[1], t)?;
-                        self.push(SOp::Unary(op, x), vec![t])
+                        let xs = self.lanes(ins[1], t, &dims)?;
+                        xs.into_iter()
+                            .map(|x| self.push(SOp::Unary(op, x), vec![t])[0])
+                            .collect()
                     } else {
                         let op = SBinary::of_prim(p)?;
-                        let (a, b) = (cx.weak_dtype(ins[1])?, cx.weak_dtype(ins[2])?);
+                        let (a, b) = (cx.elem_dtype(ins[1])?, cx.elem_dtype(ins[2])?);
                         let (c, _) = dtype::binary_operands(op.name(), a, b).ok()?;
                         let c = SType::of(c)?;
-                        let x = self.operand(ins[1], c)?;
-                        let y = self.operand(ins[2], c)?;
-                        self.push(SOp::Binary(op, x, y), vec![t])
+                        let xs = self.lanes(ins[1], c, &dims)?;
+                        let ys = self.lanes(ins[2], c, &dims)?;
+                        xs.into_iter()
+                            .zip(ys)
+                            .map(|(x, y)| self.push(SOp::Binary(op, x, y), vec![t])[0])
+                            .collect()
                     }
                 }
             };
@@ -1284,7 +1790,8 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
 pub struct ScalarKernel {
     name: String,
     graphs: Vec<String>,
-    params: Vec<SType>,
+    /// The shapes of its arguments.
+    inputs: Vec<Shape>,
     result: Shape,
     compiled: Arc<CompiledScalar>,
 }
@@ -1293,9 +1800,23 @@ impl ScalarKernel {
     fn describe(&self, exit: Option<&str>) -> String {
         format!(
             "scalar loop over {} (@{}){}, compiled in {:.2} ms",
-            self.params
+            self.inputs
                 .iter()
-                .map(|t| t.to_string())
+                .map(|s| match s {
+                    Shape::Tensor(t, _, dims) => format!(
+                        "{t}[{}]",
+                        dims.iter()
+                            .map(|d| d.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    s => s
+                        .flat()
+                        .iter()
+                        .map(|t| t.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
                 .collect::<Vec<_>>()
                 .join(", "),
             self.graphs.join(", @"),
@@ -1312,11 +1833,44 @@ impl NativeKernel for ScalarKernel {
     }
 
     fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
-        super::check_arity(&self.name, self.params.len(), args.len())?;
-        let scalars = scalar_args(&self.name, &args, &self.params)?;
+        super::check_arity(&self.name, self.inputs.len(), args.len())?;
+        let scalars = flat_args(&self.name, &args, &self.inputs)?;
         let out = self.compiled.call(&scalars)?;
         self.result.value(&mut out.into_iter())
     }
+}
+
+/// The scalars of arguments `args` of shapes `shapes` (scalars and
+/// tensors), in order, a tensor's row-major.
+fn flat_args(name: &str, args: &[Value], shapes: &[Shape]) -> Result<Vec<Scalar>, RtError> {
+    let mut out = Vec::new();
+    for (a, sh) in args.iter().zip(shapes) {
+        let wrong = || RtError::internal(format!("{name}: an argument is not a {sh:?}"));
+        match sh {
+            Shape::Scalar(t, _) => out.extend(scalar_args(name, std::slice::from_ref(a), &[*t])?),
+            Shape::Tensor(t, _, dims) => {
+                let Value::Tensor(x) = a else {
+                    return Err(wrong());
+                };
+                if x.dtype() != t.dtype() || x.shape() != dims.as_slice() {
+                    return Err(wrong());
+                }
+                macro_rules! lanes {
+                    ($get:ident, $make:path) => {
+                        out.extend(x.$get().ok_or_else(wrong)?.iter().map(|v| $make(*v)))
+                    };
+                }
+                match t {
+                    SType::F32 => lanes!(as_f32, Scalar::F32),
+                    SType::F64 => lanes!(as_f64, Scalar::F64),
+                    SType::I64 => lanes!(as_i64, Scalar::I64),
+                    SType::Bool => lanes!(as_bool, Scalar::Bool),
+                }
+            }
+            _ => return Err(wrong()),
+        }
+    }
+    Ok(out)
 }
 
 /// The values of 0-d tensor arguments `args` of types `params`.

@@ -896,7 +896,12 @@ fn rev_op(
             }
             return Ok(());
         }
-        SOp::Const(_) | SOp::Call(_) | SOp::CallIf(..) | SOp::Push(_) | SOp::Pop => return Ok(()),
+        SOp::Const(_)
+        | SOp::Bound { .. }
+        | SOp::Call(_)
+        | SOp::CallIf(..)
+        | SOp::Push(_)
+        | SOp::Pop => return Ok(()),
     };
     let args: Vec<SVal> = operands.iter().map(m).collect();
     let ds = table_rule(fb, prim, &args, y, dr, t)?;

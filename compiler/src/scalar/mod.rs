@@ -79,6 +79,34 @@ pub enum Scalar {
 }
 
 impl Scalar {
+    pub fn as_f32(self) -> Option<f32> {
+        match self {
+            Scalar::F32(x) => Some(x),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(self) -> Option<f64> {
+        match self {
+            Scalar::F64(x) => Some(x),
+            _ => None,
+        }
+    }
+
+    pub fn as_i64(self) -> Option<i64> {
+        match self {
+            Scalar::I64(x) => Some(x),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(self) -> Option<bool> {
+        match self {
+            Scalar::Bool(x) => Some(x),
+            _ => None,
+        }
+    }
+
     pub fn ty(self) -> SType {
         match self {
             Scalar::F32(_) => SType::F32,
@@ -443,6 +471,15 @@ pub enum SOp {
     /// Removes the last `results.len()` values from the tape and gives
     /// them, with the result types, in the order they were pushed.
     Pop,
+    /// An i64 index into axis `axis` of size `size`, counted from the
+    /// end when negative, as an offset in `0..size`; any other index is
+    /// a fault the program reports (a tensor indexed at a run-time
+    /// position, [`crate::fuse::regions`]).
+    Bound {
+        index: SVal,
+        size: u32,
+        axis: u32,
+    },
 }
 
 impl SOp {
@@ -451,7 +488,7 @@ impl SOp {
         let call = |c: &SCall, f: &mut dyn FnMut(SVal)| c.args.iter().for_each(|v| f(*v));
         match self {
             SOp::Const(_) | SOp::Pop => {}
-            SOp::Unary(_, x) | SOp::Cast(x) => f(*x),
+            SOp::Unary(_, x) | SOp::Cast(x) | SOp::Bound { index: x, .. } => f(*x),
             SOp::Binary(_, x, y) => {
                 f(*x);
                 f(*y);
@@ -476,7 +513,7 @@ impl SOp {
         let call = |c: &mut SCall| c.args.iter_mut().for_each(|v| *v = f(*v));
         match self {
             SOp::Const(_) | SOp::Pop => {}
-            SOp::Unary(_, x) | SOp::Cast(x) => *x = f(*x),
+            SOp::Unary(_, x) | SOp::Cast(x) | SOp::Bound { index: x, .. } => *x = f(*x),
             SOp::Binary(_, x, y) => {
                 *x = f(*x);
                 *y = f(*y);
@@ -548,9 +585,11 @@ impl SInst {
     }
 
     /// Whether it divides or raises integers (`tys`: the types of the
-    /// function's values), which may stop the program with a fault.
+    /// function's values) or checks an index, which may stop the program
+    /// with a fault.
     fn may_fault(&self, tys: &[SType]) -> bool {
-        matches!(self.op, SOp::Binary(SBinary::Div | SBinary::Rem | SBinary::Pow, a, _)
+        matches!(self.op, SOp::Bound { .. })
+            || matches!(self.op, SOp::Binary(SBinary::Div | SBinary::Rem | SBinary::Pow, a, _)
             if tys[a.0 as usize] == SType::I64)
     }
 }
@@ -754,6 +793,9 @@ impl ScalarProgram {
                         inst.results.is_empty()
                     }
                     SOp::Pop => !inst.results.is_empty(),
+                    SOp::Bound { index, size, .. } => {
+                        ty(*index, defined)? == SType::I64 && *size > 0 && one(SType::I64)
+                    }
                 };
                 if !ok {
                     return Err(bad());
@@ -824,6 +866,16 @@ impl ScalarProgram {
                     }
                     SOp::Binary(op, a, b) => vec![op.eval(v(a), v(b))],
                     SOp::Cast(x) => vec![v(x).cast(inst.results[0])],
+                    SOp::Bound { index, size, .. } => {
+                        let Scalar::I64(i) = v(index) else {
+                            return None;
+                        };
+                        let j = if i < 0 { i + i64::from(*size) } else { i };
+                        if !(0..i64::from(*size)).contains(&j) {
+                            return None;
+                        }
+                        vec![Scalar::I64(j)]
+                    }
                     SOp::Select(c, a, b) => {
                         vec![if v(c) == Scalar::Bool(true) {
                             v(a)
@@ -922,6 +974,9 @@ impl fmt::Display for ScalarProgram {
                     SOp::Unary(op, x) => format!("{} v{}", op.name(), x.0),
                     SOp::Binary(op, x, y) => format!("{} v{} v{}", op.name(), x.0, y.0),
                     SOp::Cast(x) => format!("cast v{}", x.0),
+                    SOp::Bound { index, size, axis } => {
+                        format!("bound v{} size {size} axis {axis}", index.0)
+                    }
                     SOp::Select(c, x, y) => format!("select v{} v{} v{}", c.0, x.0, y.0),
                     SOp::Call(c) => format!("call {}", call(c)),
                     SOp::CallIf(c, x, y) => {

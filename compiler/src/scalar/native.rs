@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, AbiParam, BlockArg, FuncRef, InstBuilder, MemFlagsData, Type, Value,
+    types, AbiParam, BlockArg, FuncRef, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind,
+    Type, Value,
 };
 use cranelift_codegen::isa::CallConv;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
@@ -36,6 +37,16 @@ use crate::codegen::cpu::{tail_call_isa, Code, CodegenError};
 use crate::scalar::{
     SBinary, SCall, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
 };
+
+/// Functions with more results than this return them through memory: a
+/// hidden pointer to 8-byte slots (Cranelift returns only what fits in
+/// registers).
+const REG_RESULTS: usize = 4;
+
+/// Whether function `f` returns its results through memory.
+fn returns_in_memory(f: &crate::scalar::SFunc) -> bool {
+    f.results.len() > REG_RESULTS
+}
 
 /// The trampoline's signature (`tape` is null for programs without tape
 /// operations).
@@ -58,6 +69,9 @@ pub(crate) struct TapeBuf {
     site: u64,
     /// The most values the tape may grow to (read by `tape_grow` only).
     limit: u64,
+    /// More of what the fault needs: an index's axis (high 32 bits) and
+    /// that axis's size (low 32 bits).
+    extra: u64,
 }
 
 impl TapeBuf {
@@ -70,6 +84,7 @@ impl TapeBuf {
             detail: 0,
             site: NO_SITE,
             limit,
+            extra: 0,
         }
     }
 }
@@ -113,6 +128,9 @@ const DIV_BY_ZERO: u64 = 3;
 const REM_BY_ZERO: u64 = 4;
 /// An integer `pow` with a negative exponent (in `detail`).
 const NEGATIVE_POWER: u64 = 5;
+/// An index out of range (the index in `detail`, its axis and size in
+/// `extra`).
+const INDEX_RANGE: u64 = 6;
 
 thread_local! {
     static TAPE_GROWTHS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
@@ -261,6 +279,17 @@ impl CompiledScalar {
                 let e = adjoint_runtime::kernels::map::int_operand_error(op, rhs);
                 return Err(ScalarError {
                     message: e.unwrap_or_else(|| format!("internal error: {op} fault on {rhs}")),
+                    site: u32::try_from(buf.site).ok(),
+                });
+            }
+            INDEX_RANGE => {
+                // The runtime's message for the same index.
+                let (axis, size) = (buf.extra >> 32, buf.extra & 0xffff_ffff);
+                return Err(ScalarError {
+                    message: format!(
+                        "index {} is out of range for axis {axis} of size {size}",
+                        buf.detail as i64
+                    ),
                     site: u32::try_from(buf.site).ok(),
                 });
             }
@@ -443,10 +472,14 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
         if has_ctx {
             sig.params.push(AbiParam::new(ptr));
         }
+        if returns_in_memory(f) {
+            sig.params.push(AbiParam::new(ptr));
+        } else {
+            sig.returns
+                .extend(f.results.iter().map(|t| AbiParam::new(clif_type(*t))));
+        }
         sig.params
             .extend(f.params.iter().map(|t| AbiParam::new(clif_type(*t))));
-        sig.returns
-            .extend(f.results.iter().map(|t| AbiParam::new(clif_type(*t))));
         let id = module
             .declare_function(&format!("scalar_{i}"), Linkage::Local, &sig)
             .map_err(|e| err(&e))?;
@@ -480,6 +513,7 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
         None
     };
 
+    let in_memory: Vec<bool> = program.funcs.iter().map(returns_in_memory).collect();
     let mut ctx = module.make_context();
     let mut fbc = FunctionBuilderContext::new();
     for (i, f) in program.funcs.iter().enumerate() {
@@ -501,6 +535,7 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
             let grow = grow_id.map(|id| module.declare_func_in_func(id, b.func));
             let fx = FnEmitter {
                 funcs: &funcs,
+                in_memory: &in_memory,
                 calls: &calls,
                 grow,
                 may_fault,
@@ -569,6 +604,12 @@ fn define_trampoline(
             .enumerate()
             .map(|(k, t)| b.ins().load(clif_type(*t), flags, args, (8 * k) as i32))
             .collect();
+        // The entry writes its results into the slots itself when it
+        // returns them through memory.
+        let in_memory = returns_in_memory(e);
+        if in_memory {
+            params.insert(0, rets);
+        }
         if has_ctx {
             params.insert(0, tape);
         }
@@ -593,6 +634,8 @@ fn define_trampoline(
 /// tape pointer.
 struct FnEmitter<'a> {
     funcs: &'a [FuncRef],
+    /// Which functions return through memory ([`returns_in_memory`]).
+    in_memory: &'a [bool],
     calls: &'a HashMap<Import, FuncRef>,
     /// The tape grower, for programs with tape operations.
     grow: Option<FuncRef>,
@@ -609,6 +652,9 @@ struct FnEmitter<'a> {
 struct FnState {
     /// The tape pointer, passed on to every call.
     tp: Option<Value>,
+    /// Where the function writes its results, when it returns them
+    /// through memory; passed on by its tail calls.
+    ret: Option<Value>,
     /// Where the function returns zeros (an interrupt or a fault).
     stop: cranelift_codegen::ir::Block,
 }
@@ -623,6 +669,7 @@ impl FnEmitter<'_> {
         b.switch_to_block(entry);
         let mut vals: Vec<Value> = b.block_params(entry).to_vec();
         let tp: Option<Value> = self.has_ctx.then(|| vals.remove(0));
+        let ret: Option<Value> = self.in_memory[i].then(|| vals.remove(0));
         let header = b.create_block();
         for t in &f.params {
             b.append_block_param(header, clif_type(*t));
@@ -641,10 +688,14 @@ impl FnEmitter<'_> {
             .load(types::I8, MemFlagsData::new().with_notrap(), addr, 0);
         b.ins().brif(flag, stop, &[], go, &[]);
         b.switch_to_block(stop);
-        let zeros: Vec<Value> = f.results.iter().map(|t| zero(b, *t)).collect();
-        b.ins().return_(&zeros);
+        if ret.is_some() {
+            b.ins().return_(&[]);
+        } else {
+            let zeros: Vec<Value> = f.results.iter().map(|t| zero(b, *t)).collect();
+            b.ins().return_(&zeros);
+        }
         b.switch_to_block(go);
-        let st = FnState { tp, stop };
+        let st = FnState { tp, ret, stop };
         let tys = f.value_types();
         for inst in &f.body {
             let out = self.inst(b, &st, inst, &vals, &tys);
@@ -656,14 +707,29 @@ impl FnEmitter<'_> {
                 let args: Vec<BlockArg> = c.args.iter().map(|x| v(x).into()).collect();
                 b.ins().jump(header, &args);
             } else {
-                let args = self.with_tape(&st, c.args.iter().map(v).collect());
+                // The callee has this function's results, so it returns
+                // them the same way (to the same slots).
+                let mut args: Vec<Value> = st.ret.into_iter().collect();
+                args.extend(c.args.iter().map(v));
+                let args = self.with_tape(&st, args);
                 b.ins().return_call(self.funcs[c.func.0 as usize], &args);
             }
         };
         match &f.term {
             STerm::Return(vs) => {
                 let rs: Vec<Value> = vs.iter().map(v).collect();
-                b.ins().return_(&rs);
+                match st.ret {
+                    Some(at) => {
+                        let flags = MemFlagsData::new().with_notrap().with_aligned();
+                        for (k, r) in rs.into_iter().enumerate() {
+                            b.ins().store(flags, r, at, (8 * k) as i32);
+                        }
+                        b.ins().return_(&[]);
+                    }
+                    None => {
+                        b.ins().return_(&rs);
+                    }
+                }
             }
             STerm::TailCall(c) => tail(b, c),
             STerm::TailCallIf(c, x, y) => {
@@ -683,6 +749,40 @@ impl FnEmitter<'_> {
         st.tp.into_iter().chain(args).collect()
     }
 
+    /// Calls function `func` (results of types `results`) with `args`
+    /// (values only) and gives its results; a callee that returns through
+    /// memory writes them into a stack slot of the caller.
+    fn call_values(
+        &self,
+        b: &mut FunctionBuilder,
+        st: &FnState,
+        func: usize,
+        args: Vec<Value>,
+        results: &[SType],
+    ) -> Vec<Value> {
+        if !self.in_memory[func] {
+            let call = b.ins().call(self.funcs[func], &self.with_tape(st, args));
+            return b.inst_results(call).to_vec();
+        }
+        let slot = b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            (8 * results.len()) as u32,
+            3,
+        ));
+        let at = b.ins().stack_addr(self.ptr, slot, 0);
+        let mut all = vec![at];
+        all.extend(args);
+        b.ins().call(self.funcs[func], &self.with_tape(st, all));
+        results
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                let flags = MemFlagsData::new().with_notrap().with_aligned();
+                b.ins().load(clif_type(*t), flags, at, (8 * k) as i32)
+            })
+            .collect()
+    }
+
     /// The code of one instruction; returns its results.
     fn inst(
         &self,
@@ -694,15 +794,8 @@ impl FnEmitter<'_> {
     ) -> Vec<Value> {
         let v = |x: &SVal| vals[x.0 as usize];
         let ty = |x: &SVal| tys[x.0 as usize];
-        let (tp, stop, calls, funcs, may_fault, ptr) = (
-            st.tp,
-            st.stop,
-            self.calls,
-            self.funcs,
-            self.may_fault,
-            self.ptr,
-        );
-        let with_tape = |args: Vec<Value>| self.with_tape(st, args);
+        let (tp, stop, calls, may_fault, ptr) =
+            (st.tp, st.stop, self.calls, self.may_fault, self.ptr);
         match &inst.op {
             SOp::Const(c) => vec![constant(b, *c)],
             SOp::Unary(op, x) => {
@@ -725,6 +818,7 @@ impl FnEmitter<'_> {
                     code: NEGATIVE_POWER,
                     detail: Some(v(y)),
                     site: inst.site,
+                    extra: None,
                 };
                 fault_if(b, neg, tp, fault, stop);
                 let fr = calls[&Import::Binary(SBinary::Pow, SType::I64)];
@@ -746,6 +840,7 @@ impl FnEmitter<'_> {
                     code,
                     detail: None,
                     site: inst.site,
+                    extra: None,
                 };
                 fault_if(b, zero, tp, fault, stop);
                 let minus_one = b.ins().icmp_imm_s(IntCC::Equal, v(y), -1);
@@ -774,11 +869,29 @@ impl FnEmitter<'_> {
                 vec![r]
             }
             SOp::Cast(x) => vec![cast(b, ty(x), inst.results[0], v(x))],
+            SOp::Bound { index, size, axis } => {
+                // Negative positions count from the end; anything out of
+                // `-size..size` stops the program with a fault.
+                let tp = tp.expect("programs that may fault have the pointer");
+                let i = v(index);
+                let n = i64::from(*size);
+                let shifted = b.ins().iadd_imm_s(i, n);
+                let neg = b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
+                let j = b.ins().select(neg, shifted, i);
+                let out = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, j, n);
+                let fault = Fault {
+                    code: INDEX_RANGE,
+                    detail: Some(i),
+                    site: inst.site,
+                    extra: Some((u64::from(*axis) << 32) | u64::from(*size)),
+                };
+                fault_if(b, out, tp, fault, stop);
+                vec![j]
+            }
             SOp::Select(c, x, y) => vec![b.ins().select(v(c), v(x), v(y))],
             SOp::Call(c) => {
-                let args = with_tape(c.args.iter().map(v).collect());
-                let call = b.ins().call(funcs[c.func.0 as usize], &args);
-                let rs = b.inst_results(call).to_vec();
+                let args = c.args.iter().map(v).collect();
+                let rs = self.call_values(b, st, c.func.0 as usize, args, &inst.results);
                 if may_fault {
                     stop_on_fault(b, tp, stop);
                 }
@@ -822,6 +935,7 @@ impl FnEmitter<'_> {
                     code: TAPE_UNDERFLOW,
                     detail: None,
                     site: None,
+                    extra: None,
                 };
                 fault_if(b, under, tp, fault, stop);
                 let rest = b.ins().iadd_imm_s(len, -n);
@@ -846,10 +960,9 @@ impl FnEmitter<'_> {
                 b.ins().brif(v(c), bx, &[], by, &[]);
                 for (blk, call) in [(bx, x), (by, y)] {
                     b.switch_to_block(blk);
-                    let args = with_tape(call.args.iter().map(v).collect());
-                    let ci = b.ins().call(funcs[call.func.0 as usize], &args);
-                    let rs: Vec<BlockArg> =
-                        b.inst_results(ci).iter().map(|r| (*r).into()).collect();
+                    let args = call.args.iter().map(v).collect();
+                    let rs = self.call_values(b, st, call.func.0 as usize, args, &inst.results);
+                    let rs: Vec<BlockArg> = rs.into_iter().map(BlockArg::from).collect();
                     b.ins().jump(join, &rs);
                 }
                 b.switch_to_block(join);
@@ -869,6 +982,8 @@ struct Fault {
     code: u64,
     detail: Option<Value>,
     site: Option<u32>,
+    /// A constant for [`TapeBuf::extra`].
+    extra: Option<u64>,
 }
 
 /// Stops the function (at `stop`) with `fault` if `cond` holds; code
@@ -893,6 +1008,10 @@ fn fault_if(
     if let Some(site) = fault.site {
         let s = b.ins().iconst(types::I64, i64::from(site));
         b.ins().store(flags, s, tp, 40);
+    }
+    if let Some(extra) = fault.extra {
+        let e = b.ins().iconst(types::I64, extra as i64);
+        b.ins().store(flags, e, tp, 56);
     }
     b.ins().jump(stop, &[]);
     b.switch_to_block(ok_blk);
