@@ -56,6 +56,13 @@ const MAX_LANES: usize = 512;
 /// straight-line code, slow to compile).
 const MAX_INSTS: usize = 40_000;
 
+/// Whether a tensor of this type joins a region as scalars: a scalar, or
+/// a tensor of at most [`MAX_LANES`] elements ([`Shape::Tensor`]).
+pub fn runs_lane_by_lane(t: &crate::infer::AbsTensor) -> bool {
+    SType::of(t.dtype).is_some()
+        && (t.shape.is_empty() || (1..=MAX_LANES).contains(&numel(&t.shape)))
+}
+
 /// The number of elements of a tensor of shape `dims`.
 fn numel(dims: &[usize]) -> usize {
     dims.iter().product()
@@ -186,7 +193,7 @@ impl Shape {
     }
 
     /// The axes of a scalar (none) or a tensor.
-    fn dims(&self) -> Option<&[usize]> {
+    pub(super) fn dims(&self) -> Option<&[usize]> {
         match self {
             Shape::Scalar(..) => Some(&[]),
             Shape::Tensor(_, _, dims) => Some(dims),
@@ -202,7 +209,7 @@ impl Shape {
         }
     }
 
-    fn width(&self) -> usize {
+    pub(super) fn width(&self) -> usize {
         match self {
             Shape::Scalar(..) => 1,
             Shape::Tensor(_, _, dims) => numel(dims),
@@ -332,10 +339,12 @@ pub(super) struct Cx<'a> {
     /// Reverse mode's stacks, when loops are differentiated whole
     /// ([`super::reverse`]); empty otherwise.
     pub(super) stacks: &'a Stacks,
-    /// The environment keys of the region being built (`ad_key` marks),
-    /// with their types: every function takes one more parameter per key,
-    /// after its free variables, for the value the key stands for.
-    pub(super) keys: Vec<(i64, SType)>,
+    /// The environment keys of the region being built (`ad_key` marks of
+    /// values from outside it), with their shapes: every function takes
+    /// one more parameter per key, after its free variables, for the value
+    /// the key stands for. A mark of a value made inside the region is
+    /// that value.
+    pub(super) keys: Vec<(i64, Shape)>,
 }
 
 /// The stacks of the reverse-mode loops in a module: the graphs that pass
@@ -713,7 +722,7 @@ impl Cx<'_> {
             // A marked free variable of a reversed loop: the key's
             // parameter.
             Prim::AdKey if !self.stacks.param.is_empty() => {
-                result.scalar()?;
+                result.elem()?;
                 self.const_index(ins[1])?;
             }
             Prim::Where => {
@@ -1255,7 +1264,7 @@ struct FuncBuilder<'a, 'c> {
     next: u32,
     vals: HashMap<NodeId, Vec<SVal>>,
     /// The parameters of the region's keys ([`Cx::keys`]).
-    keys: HashMap<i64, SVal>,
+    keys: HashMap<i64, Vec<SVal>>,
 }
 
 impl<'a, 'c> FuncBuilder<'a, 'c> {
@@ -1288,10 +1297,14 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             b.next += tys.len() as u32;
             b.params.extend(tys);
         }
-        for &(k, t) in &cx.keys {
-            b.params.push(t);
-            b.keys.insert(k, SVal(b.next));
-            b.next += 1;
+        for (k, sh) in &cx.keys {
+            let tys = sh.flat();
+            b.keys.insert(
+                *k,
+                (0..tys.len() as u32).map(|j| SVal(b.next + j)).collect(),
+            );
+            b.next += tys.len() as u32;
+            b.params.extend(tys);
         }
         Some(b)
     }
@@ -1472,7 +1485,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             vs.extend(self.vals.get(&u)?.iter().copied());
         }
         for (k, _) in &self.cx.keys {
-            vs.push(self.keys[k]);
+            vs.extend(self.keys[k].iter().copied());
         }
         Some(SCall {
             func: FuncIdx(*self.index.get(&h)?),
@@ -1711,7 +1724,16 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                 Prim::Reshape => self.vals.get(&ins[1])?.clone(),
                 Prim::AdKey => {
                     let k = cx.const_index(ins[2])? as i64;
-                    vec![*self.keys.get(&k)?]
+                    match self.keys.get(&k) {
+                        Some(vs) => vs.clone(),
+                        // A mark of a value made inside the region.
+                        None => {
+                            let x = ins[1];
+                            (m.node(x).graph.is_some() && cx.m.as_const(x).is_none())
+                                .then_some(())?;
+                            self.values(x, &shape)?
+                        }
+                    }
                 }
                 Prim::Zero => Vec::new(),
                 Prim::Cast => {
@@ -1842,7 +1864,11 @@ impl NativeKernel for ScalarKernel {
 
 /// The scalars of arguments `args` of shapes `shapes` (scalars and
 /// tensors), in order, a tensor's row-major.
-fn flat_args(name: &str, args: &[Value], shapes: &[Shape]) -> Result<Vec<Scalar>, RtError> {
+pub(super) fn flat_args(
+    name: &str,
+    args: &[Value],
+    shapes: &[Shape],
+) -> Result<Vec<Scalar>, RtError> {
     let mut out = Vec::new();
     for (a, sh) in args.iter().zip(shapes) {
         let wrong = || RtError::internal(format!("{name}: an argument is not a {sh:?}"));

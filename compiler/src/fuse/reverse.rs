@@ -27,7 +27,8 @@ use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::NativeKernel;
 
 use super::regions::{
-    add_call_group, callees, compilable, program_of, region, scalar_args, Cx, Shape, Stacks,
+    add_call_group, callees, compilable, flat_args, program_of, region, scalar_args, Cx, Shape,
+    Stacks,
 };
 use super::Plan;
 use crate::infer::Types;
@@ -36,7 +37,7 @@ use crate::ir::{Const, GraphId, GraphRole, Module, NodeId};
 use crate::prim::Prim;
 use crate::scalar::ad::reverse;
 use crate::scalar::native::{compile_scalar_cached, CompiledScalar};
-use crate::scalar::{SOp, SType, Scalar, ScalarProgram};
+use crate::scalar::{SOp, Scalar, ScalarProgram};
 
 /// The stacks of the `J'` graphs among `graphs`: their last parameter
 /// `stack`, and the pushes `ad_hide((@B, stack))`.
@@ -168,7 +169,7 @@ fn check_stacks(m: &Module, stacks: &mut Stacks, uses: &Uses) {
 fn arguments_match(cx: &Cx, args: &[NodeId], params: &[NodeId]) -> bool {
     let ty = |n: NodeId| match cx.shape(n)? {
         Shape::Zero => Some(None),
-        s => s.scalar().map(|(t, _)| Some(t)),
+        s => Some(Some((s.elem()?.0, s.dims()?.to_vec()))),
     };
     args.len() == params.len()
         && args[..args.len() - 1]
@@ -361,9 +362,12 @@ struct Built {
     backward: Arc<CompiledScalar>,
     /// The loop's value (the first element of `J'`'s result).
     value: Shape,
-    /// Per parameter of the `J'` entry but the stack: its type and weak
-    /// flag if it is a float (its cotangent is computed), else `None`.
-    params: Vec<Option<(SType, bool)>>,
+    /// Per parameter of the `J'` entry but the stack: its shape if it is
+    /// a float (its cotangent is computed), else `None`.
+    params: Vec<Option<Shape>>,
+    /// The shapes of the forward kernel's inputs: the entry's arguments
+    /// (but zeros), its free variables, then the keys' values.
+    inputs: Vec<Shape>,
     /// Where each parameter's cotangent goes in `unwind`'s result, which
     /// has one per parameter of the graph the entry was specialised from
     /// (after the environment): `len` slots.
@@ -372,10 +376,10 @@ struct Built {
     /// The environment keys of the loop's marked free variables (inputs
     /// after the entry's arguments and free variables): `unwind`'s
     /// environment holds their cotangents.
-    keys: Vec<(i64, SType)>,
+    keys: Vec<(i64, Shape)>,
     key_inputs: Vec<NodeId>,
-    /// The entry's float free variables (their cotangents, which the
-    /// keys' stand for, are skipped).
+    /// The scalars of the entry's float free variables (their cotangents,
+    /// which the keys' stand for, are skipped).
     fv_floats: usize,
     /// The length of the last tape recorded: the next one starts with
     /// that capacity (a loop called again, in a training loop, usually
@@ -464,26 +468,38 @@ pub(crate) fn steps_by_one(m: &Module, x: NodeId, counter: impl Fn(NodeId) -> bo
 /// The [`Count`] of loop entry `g`, if it has one. `members` is its
 /// region, `forward` the region's recording program (a function that
 /// marks the tape and calls the entry, then the members' functions in
-/// order), and `n_args` of the kernel's inputs come before `g`'s free
-/// variables.
+/// order). The count's positions are those of the kernel's inputs as
+/// scalars (a tensor takes one per element).
 fn counting(
     cx: &Cx,
     ok: &HashMap<GraphId, super::regions::Info>,
     members: &[GraphId],
     forward: &ScalarProgram,
     g: GraphId,
-    n_args: usize,
 ) -> Option<Count> {
     let m = cx.m;
     if forward.funcs.len() != members.len() + 1 {
         return None;
     }
     let (param, a, b) = loop_test(m, g)?;
+    // The scalars before a node among `nodes` (symbolic zeros take none).
+    let before = |nodes: &[NodeId], k: usize| -> Option<usize> {
+        nodes[..k]
+            .iter()
+            .map(|n| cx.shape(*n).map(|s| s.width()))
+            .sum()
+    };
+    let graph = m.graph(g);
+    let args = &graph.params[..graph.params.len() - 1];
+    let fvs = cx.fv.get(g);
     let bound = match m.as_const(b) {
         Some(Const::Int(v)) => Bound::Const(*v),
         Some(_) => return None,
-        None => Bound::Input(n_args + cx.fv.get(g).iter().position(|v| *v == b)?),
+        None => Bound::Input(
+            before(args, args.len())? + before(fvs, fvs.iter().position(|v| *v == b)?)?,
+        ),
     };
+    let param_at = before(args, param)?;
     // Every call of the entry in the loop steps the counter by one.
     let steps = |x: NodeId| steps_by_one(m, x, |c| c == a);
     let mut calls = 0;
@@ -522,7 +538,7 @@ fn counting(
         })
         .sum();
     Some(Count {
-        param,
+        param: param_at,
         bound,
         per_trip,
     })
@@ -548,7 +564,7 @@ fn build(
     };
     // The marked free variables: one value per key, from outside the loop.
     let members: HashSet<GraphId> = r.order.iter().copied().collect();
-    let mut marks: HashMap<i64, (NodeId, SType)> = HashMap::new();
+    let mut marks: HashMap<i64, (NodeId, Shape)> = HashMap::new();
     for &h in &r.order {
         for n in cx.body(h) {
             if m.applied_prim(n) != Some(Prim::AdKey) {
@@ -559,20 +575,23 @@ fn build(
                 return Err("a key that is not a constant".into());
             };
             let x = ins[1];
+            // A value made inside the loop (marked by a loop nested in
+            // it) is differentiated with the rest of the program: its
+            // mark is the value itself ([`Cx::keys`]).
             if m.node(x).graph.is_some_and(|o| members.contains(&o)) {
-                return Err("a marked value made inside the loop".into());
+                continue;
             }
-            let (t, _) = cx
+            let sh = cx
                 .shape(n)
-                .and_then(|s| s.scalar())
-                .ok_or("a marked value that is not a scalar")?;
-            match marks.insert(*k, (x, t)) {
+                .filter(|s| s.elem().is_some())
+                .ok_or("a marked value that is not a scalar or a small tensor")?;
+            match marks.insert(*k, (x, sh)) {
                 Some((y, _)) if y != x => return Err("one key, two values".into()),
                 _ => {}
             }
         }
     }
-    let mut keys: Vec<(i64, SType)> = marks.iter().map(|(k, (_, t))| (*k, *t)).collect();
+    let mut keys: Vec<(i64, Shape)> = marks.iter().map(|(k, (_, s))| (*k, s.clone())).collect();
     keys.sort_by_key(|(k, _)| *k);
     // The entry's float free variables must be the marks' values: any
     // other would be a cotangent this kernel does not give.
@@ -590,13 +609,10 @@ fn build(
         }
     }
     for &u in fv.get(g) {
-        if marked.contains(&u)
-            && cx
-                .shape(u)
-                .and_then(|s| s.scalar())
-                .is_some_and(|(t, _)| t.is_float())
-        {
-            fv_floats += 1;
+        if let Some(sh) = cx.shape(u).filter(|_| marked.contains(&u)) {
+            if sh.elem().is_some_and(|(t, _)| t.is_float()) {
+                fv_floats += sh.width();
+            }
         }
     }
     for u in outside {
@@ -606,7 +622,7 @@ fn build(
         // Unmarked, it must be known not to be a float (a use inside a
         // closure made in the loop is not marked, and a value of unknown
         // type may be one).
-        match cx.shape(u).and_then(|s| s.scalar()) {
+        match cx.shape(u).and_then(|s| s.elem()) {
             Some((t, _)) if !t.is_float() => {}
             Some(_) => return Err("a float free variable without a key".into()),
             None => return Err("a free variable of unknown type".into()),
@@ -622,22 +638,30 @@ fn build(
     };
     let program = program_of(&rcx, &r.order, None).ok_or("no scalar program")?;
     let rev = reverse(&program)?;
-    let n_args = m.graph(g).params.len() - 1;
-    let counts = counting(cx, ok, &r.order, &rev.forward, g, n_args);
+    let counts = counting(cx, ok, &r.order, &rev.forward, g);
     let forward = compile_scalar_cached(&rev.forward).map_err(|e| e.to_string())?;
     let backward = compile_scalar_cached(&rev.backward).map_err(|e| e.to_string())?;
     let graph = m.graph(g);
-    let params = graph.params[..graph.params.len() - 1]
+    let arg_shapes = graph.params[..graph.params.len() - 1]
         .iter()
-        .map(|p| match cx.shape(*p)? {
-            Shape::Zero => Some(None),
-            sh => match sh.scalar()? {
-                (t, w) if t.is_float() => Some(Some((t, w))),
-                _ => Some(None),
-            },
+        .map(|p| {
+            cx.shape(*p)
+                .filter(|s| *s == Shape::Zero || s.elem().is_some())
         })
         .collect::<Option<Vec<_>>>()
-        .ok_or("a parameter is not a scalar")?;
+        .ok_or("a parameter is not a scalar or a small tensor")?;
+    let params = arg_shapes
+        .iter()
+        .map(|sh| sh.elem().filter(|(t, _)| t.is_float()).map(|_| sh.clone()))
+        .collect();
+    let mut inputs: Vec<Shape> = arg_shapes
+        .into_iter()
+        .filter(|s| *s != Shape::Zero)
+        .collect();
+    for &u in fv.get(g) {
+        inputs.push(cx.shape(u).ok_or("a free variable of unknown type")?);
+    }
+    inputs.extend(keys.iter().map(|(_, s)| s.clone()));
     let (orig, count) = m.original_params(g);
     // The stack is the last parameter, in the copy as in the original.
     if orig.last() != Some(&(count - 1)) {
@@ -656,6 +680,7 @@ fn build(
         backward,
         value: value.clone(),
         params,
+        inputs,
         max_tape_slots,
     })
 }
@@ -670,9 +695,8 @@ impl NativeKernel for Forward {
 
     fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
         let b = &self.0;
-        let params = &b.forward.program().entry().params;
-        super::check_arity(&b.name, params.len(), args.len())?;
-        let scalars = scalar_args(&b.name, &args, params)?;
+        super::check_arity(&b.name, b.inputs.len(), args.len())?;
+        let scalars = flat_args(&b.name, &args, &b.inputs)?;
         let last = b.last_len.load(std::sync::atomic::Ordering::Relaxed);
         let counted = b.count.and_then(|c| {
             let slots = c.slots(&scalars)?.saturating_add(64);
@@ -730,23 +754,21 @@ impl NativeKernel for Backward {
         let few = || RtError::internal("too few cotangents");
         let mut out = vec![Value::Zero; b.len];
         for (p, slot) in b.params.iter().zip(&b.slots) {
-            if let Some((t, weak)) = p {
-                let s = d.next().ok_or_else(few)?;
-                out[*slot] = Shape::Scalar(*t, *weak).value(&mut std::iter::once(s))?;
+            if let Some(sh) = p {
+                out[*slot] = sh.value(&mut d)?;
             }
         }
         for _ in 0..b.fv_floats {
             d.next().ok_or_else(few)?;
         }
         let mut env = Vec::new();
-        for (k, t) in &b.keys {
-            if t.is_float() {
-                let s = d.next().ok_or_else(few)?;
-                env.push((
-                    *k as u64,
-                    Shape::Scalar(*t, false).value(&mut std::iter::once(s))?,
-                ));
-            }
+        for (k, sh) in &b.keys {
+            let cotangent = match sh {
+                Shape::Scalar(t, _) if t.is_float() => Shape::Scalar(*t, false),
+                Shape::Tensor(t, _, dims) if t.is_float() => Shape::Tensor(*t, false, dims.clone()),
+                _ => continue,
+            };
+            env.push((*k as u64, cotangent.value(&mut d)?));
         }
         if !env.is_empty() {
             out[0] = Value::Env(Arc::new(env));
@@ -761,6 +783,7 @@ fn seed_fits(seed: &Shape, value: &Shape) -> bool {
     match (seed, value) {
         (Shape::Zero, _) => true,
         (Shape::Scalar(a, _), Shape::Scalar(b, _)) => a == b,
+        (Shape::Tensor(a, _, x), Shape::Tensor(b, _, y)) => a == b && x == y,
         (Shape::Tuple(xs), Shape::Tuple(ys)) => {
             xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| seed_fits(x, y))
         }
@@ -780,6 +803,21 @@ fn flatten_floats(v: &Value, shape: &Shape, out: &mut Vec<Scalar>) -> Option<()>
         (Shape::Scalar(t, _), Value::Zero) => {
             if t.is_float() {
                 out.push(Scalar::from_bits(*t, 0));
+            }
+            Some(())
+        }
+        (Shape::Tensor(t, _, _), Value::Tensor(_)) => {
+            if t.is_float() {
+                out.extend(flat_args("seed", std::slice::from_ref(v), &[shape.clone()]).ok()?);
+            }
+            Some(())
+        }
+        (Shape::Tensor(t, _, dims), Value::Zero) => {
+            if t.is_float() {
+                out.extend(std::iter::repeat_n(
+                    Scalar::from_bits(*t, 0),
+                    dims.iter().product(),
+                ));
             }
             Some(())
         }

@@ -438,8 +438,9 @@ impl Rewriter<'_> {
     /// then `Bf` on its result; the call now gets `s` itself, and each
     /// callee pushes `Bx.then(d) = Bf(Bx(d))`, which the rounds inline. A
     /// loop's header (`Bf` only routes cotangents from the body's call to
-    /// its own) then costs no record per iteration. Loops over scalars are
-    /// left to `fuse::reverse`, which reads their records as they are.
+    /// its own) then costs no record per iteration. Loops over scalars and
+    /// small tensors are left to `fuse::reverse`, which reads their
+    /// records as they are.
     pub(super) fn merge_constant_records(&mut self, graphs: &[GraphId], types: &Types) -> usize {
         let uses = self.graph_uses(graphs);
         let mut merged = 0;
@@ -512,10 +513,10 @@ impl Rewriter<'_> {
         if pos == 0 || ins[1..].iter().filter(|&&i| i == h).count() != 1 {
             return false;
         }
-        // Loops over scalars are fuse::reverse's.
-        let over_tensors = ins[1..pos]
-            .iter()
-            .any(|&a| matches!(types.value_of(a), Some(AbsVal::Tensor(t)) if !t.shape.is_empty()));
+        // Loops over scalars and small tensors are fuse::reverse's.
+        let over_tensors = ins[1..pos].iter().any(
+            |&a| matches!(types.value_of(a), Some(AbsVal::Tensor(t)) if !crate::fuse::regions::runs_lane_by_lane(&t)),
+        );
         if !over_tensors {
             return false;
         }
