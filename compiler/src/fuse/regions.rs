@@ -54,7 +54,7 @@ const MAX_LANES: usize = 512;
 /// A region whose functions have more instructions than this in all is
 /// left to the VM (tensors of many lanes and many operations make long
 /// straight-line code, slow to compile).
-const MAX_INSTS: usize = 40_000;
+const MAX_INSTS: usize = 10_000;
 
 /// Whether a tensor of this type joins a region as scalars: a scalar, or
 /// a tensor of at most [`MAX_LANES`] elements ([`Shape::Tensor`]).

@@ -392,6 +392,9 @@ struct Built {
     max_tape_slots: u64,
 }
 
+/// The longest reverse program compiled (instructions, all functions).
+const MAX_BACKWARD_INSTS: usize = 3_000;
+
 /// The most slots a tape is made with from a trip count (1 GiB); a
 /// longer one grows as it fills. (An early `break` makes the count an
 /// upper bound, which should not reserve the whole tape limit.)
@@ -638,6 +641,15 @@ fn build(
     };
     let program = program_of(&rcx, &r.order, None).ok_or("no scalar program")?;
     let rev = reverse(&program)?;
+    // Cranelift's time grows faster than the code (register allocation
+    // over long straight lines of many live values): a reverse too long
+    // to compile quickly is left to the VM.
+    let insts: usize = rev.backward.funcs.iter().map(|f| f.body.len()).sum();
+    if insts > MAX_BACKWARD_INSTS {
+        return Err(format!(
+            "its reverse has {insts} instructions, more than {MAX_BACKWARD_INSTS}"
+        ));
+    }
     let counts = counting(cx, ok, &r.order, &rev.forward, g);
     let forward = compile_scalar_cached(&rev.forward).map_err(|e| e.to_string())?;
     let backward = compile_scalar_cached(&rev.backward).map_err(|e| e.to_string())?;
