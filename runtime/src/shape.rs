@@ -634,7 +634,9 @@ fn check_components(x: TensorTy, comps: &[IndexComp]) -> Result<(), String> {
     Ok(())
 }
 
-fn resolve_at(i: i64, ax: usize, n: usize) -> Result<usize, String> {
+/// Position `i` along axis `ax` of size `n` (negative ones count from the
+/// end), or the error indexing reports when it is out of range.
+pub fn resolve_at(i: i64, ax: usize, n: usize) -> Result<usize, String> {
     let j = if i < 0 { i + n as i64 } else { i };
     if (0..n as i64).contains(&j) {
         Ok(j as usize)

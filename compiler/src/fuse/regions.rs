@@ -104,6 +104,16 @@ fn broadcast_map(src: &[usize], dst: &[usize]) -> Option<Vec<usize>> {
     Some(out)
 }
 
+/// The row-major block that literal index components `is` select among
+/// the first `is.len()` axes of `dims` (negative ones count from the
+/// end); `None` if one is out of range (left to the VM's error).
+fn static_block(is: &[i64], dims: &[usize]) -> Option<usize> {
+    is.iter().enumerate().try_fold(0, |b, (axis, &i)| {
+        let j = adjoint_runtime::shape::resolve_at(i, axis, dims[axis]).ok()?;
+        Some(b * dims[axis] + j)
+    })
+}
+
 /// For every element of a tensor of shape `dims` (row-major), the
 /// element of its sum over `axis` (`None`: all axes) it adds to.
 fn reduce_targets(dims: &[usize], axis: Option<usize>) -> Vec<usize> {
@@ -146,10 +156,9 @@ impl Shape {
             AbsVal::Tensor(t) if t.shape.is_empty() => {
                 Some(Shape::Scalar(SType::of(t.dtype)?, t.weak))
             }
-            AbsVal::Tensor(t) => (1..=MAX_LANES)
-                .contains(&numel(&t.shape))
-                .then(|| Some(Shape::Tensor(SType::of(t.dtype)?, t.weak, t.shape.clone())))
-                .flatten(),
+            AbsVal::Tensor(t) if runs_lane_by_lane(t) => {
+                Some(Shape::Tensor(SType::of(t.dtype)?, t.weak, t.shape.clone()))
+            }
             AbsVal::Tuple(items) => items
                 .iter()
                 .map(Shape::of)
@@ -522,21 +531,22 @@ impl Cx<'_> {
         broadcast_map(&self.dims_of(n)?, dims).map(|_| ())
     }
 
-    /// The int literals of a constant index component, or of a tuple of
-    /// them built in the graph.
+    /// The values of `nodes` if all are int literals.
+    fn literal_ints(&self, nodes: &[NodeId]) -> Option<Vec<i64>> {
+        nodes
+            .iter()
+            .map(|i| match self.m.as_const(*i) {
+                Some(Const::Int(v)) => Some(*v),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The int literals of a tuple of index components built in the graph.
     fn const_ints(&self, n: NodeId) -> Option<Vec<i64>> {
-        match self.m.as_const(n) {
-            Some(Const::Int(i)) => Some(vec![*i]),
-            Some(_) => None,
-            None if self.m.applied_prim(n) == Some(Prim::MakeTuple) => self.m.inputs(n)[1..]
-                .iter()
-                .map(|i| match self.m.as_const(*i) {
-                    Some(Const::Int(v)) => Some(*v),
-                    _ => None,
-                })
-                .collect(),
-            None => None,
-        }
+        (self.m.applied_prim(n) == Some(Prim::MakeTuple))
+            .then(|| self.literal_ints(&self.m.inputs(n)[1..]))
+            .flatten()
     }
 
     pub(super) fn graph_const(&self, n: NodeId) -> Option<GraphId> {
@@ -665,10 +675,8 @@ impl Cx<'_> {
                 }
                 for (axis, &c) in comps.iter().enumerate() {
                     match self.m.as_const(c) {
-                        // A literal out of range is left to the VM's error.
                         Some(Const::Int(i)) => {
-                            let j = if *i < 0 { i + dims[axis] as i64 } else { *i };
-                            (0..dims[axis] as i64).contains(&j).then_some(())?;
+                            static_block(&[*i], &dims[axis..=axis])?;
                         }
                         Some(_) => return None,
                         None => (self.shape(c)?.scalar()?.0 == SType::I64).then_some(())?,
@@ -691,10 +699,7 @@ impl Cx<'_> {
                     (item.scalar()?.0 == SType::I64).then_some(())?;
                 }
                 if let Some(is) = self.const_ints(ins[1]) {
-                    for (axis, i) in is.iter().enumerate() {
-                        let j = if *i < 0 { i + dims[axis] as i64 } else { *i };
-                        (0..dims[axis] as i64).contains(&j).then_some(())?;
-                    }
+                    static_block(&is, &dims)?;
                 }
                 self.elem_dtype(ins[2])?;
                 self.broadcasts(ins[2], &dims[items.len()..])?;
@@ -1291,22 +1296,23 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                 b.vals.insert(p, Vec::new());
                 continue;
             }
-            let tys = cx.shape(p)?.flat();
-            b.vals
-                .insert(p, (0..tys.len() as u32).map(|k| SVal(b.next + k)).collect());
-            b.next += tys.len() as u32;
-            b.params.extend(tys);
+            let vs = b.param(&cx.shape(p)?);
+            b.vals.insert(p, vs);
         }
         for (k, sh) in &cx.keys {
-            let tys = sh.flat();
-            b.keys.insert(
-                *k,
-                (0..tys.len() as u32).map(|j| SVal(b.next + j)).collect(),
-            );
-            b.next += tys.len() as u32;
-            b.params.extend(tys);
+            let vs = b.param(sh);
+            b.keys.insert(*k, vs);
         }
         Some(b)
+    }
+
+    /// New parameters holding a value of shape `sh`, one per scalar.
+    fn param(&mut self, sh: &Shape) -> Vec<SVal> {
+        let tys = sh.flat();
+        let vs = (0..tys.len() as u32).map(|k| SVal(self.next + k)).collect();
+        self.next += tys.len() as u32;
+        self.params.extend(tys);
+        vs
     }
 
     fn push(&mut self, op: SOp, results: Vec<SType>) -> Vec<SVal> {
@@ -1387,10 +1393,9 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         self.push(SOp::Const(Scalar::I64(i)), vec![SType::I64])[0]
     }
 
-    /// The row-major block that index components `comps` (i64 values, the
-    /// first `comps.len()` axes of `dims`) select, checked and counted
-    /// from the end as indexing does; and, for each block after the first,
-    /// whether it is that one.
+    /// For each row-major block of the first `comps.len()` axes of `dims`,
+    /// whether index components `comps` (i64 values, checked and counted
+    /// from the end as indexing does) select it.
     fn block(&mut self, comps: &[SVal], dims: &[usize]) -> Vec<SVal> {
         let mut at = None;
         for (axis, &c) in comps.iter().enumerate() {
@@ -1412,7 +1417,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             });
         }
         let at = at.expect("at least one component");
-        (1..numel(&dims[..comps.len()]))
+        (0..numel(&dims[..comps.len()]))
             .map(|r| {
                 let k = self.int(r as i64);
                 self.push(SOp::Binary(SBinary::Eq, at, k), vec![SType::Bool])[0]
@@ -1593,34 +1598,22 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     let k = ins.len() - 2;
                     let inner = numel(&dims[k..]);
                     let (t, _) = shape.elem()?;
-                    let consts: Option<Vec<i64>> = ins[2..]
-                        .iter()
-                        .map(|c| match m.as_const(*c) {
-                            Some(Const::Int(i)) => Some(*i),
-                            _ => None,
-                        })
-                        .collect();
-                    match consts {
+                    match cx.literal_ints(&ins[2..]) {
                         Some(is) => {
-                            // Literals (checked in range by the analysis).
-                            let mut b = 0;
-                            for (axis, i) in is.iter().enumerate() {
-                                let j = if *i < 0 { i + dims[axis] as i64 } else { *i };
-                                b = b * dims[axis] + j as usize;
-                            }
+                            let b = static_block(&is, &dims)?;
                             xs[b * inner..(b + 1) * inner].to_vec()
                         }
                         None => {
                             let comps = self.components(&ins[2..])?;
                             let hits = self.block(&comps, &dims);
+                            // Row 0 unless a later row is hit.
                             (0..inner)
                                 .map(|j| {
                                     let mut v = xs[j];
-                                    for (r, &hit) in hits.iter().enumerate() {
-                                        v = self.push(
-                                            SOp::Select(hit, xs[(r + 1) * inner + j], v),
-                                            vec![t],
-                                        )[0];
+                                    for (r, &hit) in hits.iter().enumerate().skip(1) {
+                                        v = self
+                                            .push(SOp::Select(hit, xs[r * inner + j], v), vec![t])
+                                            [0];
                                     }
                                     v
                                 })
@@ -1639,40 +1632,18 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     let vs = self.lanes(ins[3], t, &dims[k..])?;
                     match cx.const_ints(ins[2]) {
                         Some(is) => {
-                            let mut b = 0;
-                            for (axis, i) in is.iter().enumerate() {
-                                let j = if *i < 0 { i + dims[axis] as i64 } else { *i };
-                                b = b * dims[axis] + j as usize;
-                            }
+                            let b = static_block(&is, &dims)?;
                             let mut out = xs;
                             out[b * inner..(b + 1) * inner].copy_from_slice(&vs);
                             out
                         }
                         None => {
                             let hits = self.block(&comps, &dims);
-                            // Block 0 is selected when no other is.
-                            let first = if hits.is_empty() {
-                                None
-                            } else {
-                                let mut any = hits[0];
-                                for &h in &hits[1..] {
-                                    any = self
-                                        .push(SOp::Binary(SBinary::Or, any, h), vec![SType::Bool])
-                                        [0];
-                                }
-                                Some(self.push(SOp::Unary(SUnary::Not, any), vec![SType::Bool])[0])
-                            };
                             xs.iter()
                                 .enumerate()
                                 .map(|(lane, &old)| {
                                     let (r, j) = (lane / inner, lane % inner);
-                                    let hit = if r == 0 { first } else { Some(hits[r - 1]) };
-                                    match hit {
-                                        None => vs[j],
-                                        Some(h) => {
-                                            self.push(SOp::Select(h, vs[j], old), vec![t])[0]
-                                        }
-                                    }
+                                    self.push(SOp::Select(hits[r], vs[j], old), vec![t])[0]
                                 })
                                 .collect()
                         }
@@ -1825,13 +1796,9 @@ impl ScalarKernel {
             self.inputs
                 .iter()
                 .map(|s| match s {
-                    Shape::Tensor(t, _, dims) => format!(
-                        "{t}[{}]",
-                        dims.iter()
-                            .map(|d| d.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
+                    Shape::Tensor(t, _, dims) => {
+                        format!("{t}{}", adjoint_runtime::shape::fmt_shape(dims))
+                    }
                     s => s
                         .flat()
                         .iter()

@@ -866,15 +866,11 @@ impl ScalarProgram {
                     }
                     SOp::Binary(op, a, b) => vec![op.eval(v(a), v(b))],
                     SOp::Cast(x) => vec![v(x).cast(inst.results[0])],
-                    SOp::Bound { index, size, .. } => {
-                        let Scalar::I64(i) = v(index) else {
-                            return None;
-                        };
-                        let j = if i < 0 { i + i64::from(*size) } else { i };
-                        if !(0..i64::from(*size)).contains(&j) {
-                            return None;
-                        }
-                        vec![Scalar::I64(j)]
+                    SOp::Bound { index, size, axis } => {
+                        let i = v(index).as_i64()?;
+                        let j =
+                            adjoint_runtime::shape::resolve_at(i, *axis as usize, *size as usize);
+                        vec![Scalar::I64(j.ok()? as i64)]
                     }
                     SOp::Select(c, a, b) => {
                         vec![if v(c) == Scalar::Bool(true) {

@@ -285,11 +285,18 @@ impl CompiledScalar {
             INDEX_RANGE => {
                 // The runtime's message for the same index.
                 let (axis, size) = (buf.extra >> 32, buf.extra & 0xffff_ffff);
+                let e = adjoint_runtime::shape::resolve_at(
+                    buf.detail as i64,
+                    axis as usize,
+                    size as usize,
+                );
                 return Err(ScalarError {
-                    message: format!(
-                        "index {} is out of range for axis {axis} of size {size}",
-                        buf.detail as i64
-                    ),
+                    message: e.err().unwrap_or_else(|| {
+                        format!(
+                            "internal error: index {} faulted in range",
+                            buf.detail as i64
+                        )
+                    }),
                     site: u32::try_from(buf.site).ok(),
                 });
             }
