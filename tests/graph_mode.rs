@@ -1236,3 +1236,42 @@ fn passes_read_graph_roles_not_names() {
         }
     }
 }
+
+/// A loop that indexes a tensor too large to carry lane by lane reads it
+/// in place: the loop and its reverse still compile to native loops
+/// (`Shape::Buffer`), when the large tensor's own gradient is not asked
+/// for; when it is, the loop keeps its closures. Both agree with eager
+/// mode (tests/programs/r082 checks the values).
+#[test]
+fn loops_read_large_tensors_in_place() {
+    const SRC: &str = "\
+fn walk(seq, w) {
+    let mut h = w;
+    let mut total = 0.0;
+    for t in 0..shape(seq).0 {
+        h = tanh(h * seq[t] + w * seq[-1 - t]);
+        total = total + sum(h * h);
+    }
+    total
+}
+fn main() {
+    let seq = reshape(sin(arange(2000, dtype = f64) * 0.37), (1000, 2));
+    let w = [0.5, -0.3];
+    print(walk(seq, w));
+    print(grad(walk, argnums = (1,))(seq, w));
+}
+";
+    let s = Session::new(Mode::Graph)
+        .load_source("in_place.adj", SRC)
+        .unwrap();
+    let kernels = s.emit_kernels("main").unwrap();
+    assert!(
+        kernels.contains("f64[1000, 2] in place"),
+        "the forward loop: {kernels}"
+    );
+    assert!(
+        kernels.contains("reverse of scalar loop @J.walk."),
+        "the gradient's loop: {kernels}"
+    );
+    assert_eq!(run(Mode::Graph, SRC), run(Mode::Eager, SRC));
+}

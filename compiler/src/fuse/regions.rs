@@ -42,9 +42,10 @@ use crate::infer::{AbsVal, Types};
 use crate::ir::analysis::{graph_body_with, FreeVars};
 use crate::ir::{Const, GraphId, Module, NodeId};
 use crate::prim::Prim;
-use crate::scalar::native::{compile_scalar_cached, CompiledScalar};
+use crate::scalar::native::{compile_scalar_cached, BufRef, CompiledScalar};
 use crate::scalar::{
-    FuncIdx, SBinary, SCall, SFunc, SInst, SOp, STerm, SType, SUnary, SVal, Scalar, ScalarProgram,
+    FuncIdx, SBinary, SBuffer, SCall, SFunc, SInst, SOp, STerm, SType, SUnary, SVal, Scalar,
+    ScalarProgram,
 };
 
 /// Tensors with at most this many elements join a region as one scalar
@@ -139,6 +140,11 @@ pub(super) enum Shape {
     /// element-wise operations run lane by lane and indexing with a
     /// run-time position selects among the lanes.
     Tensor(SType, bool, Vec<usize>),
+    /// A larger tensor of static shape from outside the region (a free
+    /// variable of its graphs), read in place: indexing it loads the
+    /// elements it selects ([`SOp::Load`]). It is no machine value, and
+    /// its only use is as the tensor `index` reads; it has no cotangent.
+    Buffer(SType, Vec<usize>),
     Tuple(Vec<Shape>),
     /// The IO token, passed through unchanged: no machine value.
     Io,
@@ -159,6 +165,10 @@ impl Shape {
             AbsVal::Tensor(t) if runs_lane_by_lane(t) => {
                 Some(Shape::Tensor(SType::of(t.dtype)?, t.weak, t.shape.clone()))
             }
+            AbsVal::Tensor(t) => match SType::of(t.dtype)? {
+                SType::Bool => None,
+                ty => Some(Shape::Buffer(ty, t.shape.clone())),
+            },
             AbsVal::Tuple(items) => items
                 .iter()
                 .map(Shape::of)
@@ -182,7 +192,7 @@ impl Shape {
             Shape::Scalar(t, _) => out.push(*t),
             Shape::Tensor(t, _, dims) => out.extend(std::iter::repeat_n(*t, numel(dims))),
             Shape::Tuple(items) => items.iter().for_each(|s| s.flatten(out)),
-            Shape::Io | Shape::Stack | Shape::Zero => {}
+            Shape::Io | Shape::Stack | Shape::Zero | Shape::Buffer(..) => {}
         }
     }
 
@@ -215,6 +225,16 @@ impl Shape {
             Shape::Io => true,
             Shape::Tuple(items) => items.iter().any(Shape::has_io),
             Shape::Scalar(..) | Shape::Tensor(..) | Shape::Stack | Shape::Zero => false,
+            Shape::Buffer(..) => false,
+        }
+    }
+
+    /// Whether it is or holds a [`Shape::Buffer`].
+    pub(super) fn has_buffer(&self) -> bool {
+        match self {
+            Shape::Buffer(..) => true,
+            Shape::Tuple(items) => items.iter().any(Shape::has_buffer),
+            _ => false,
         }
     }
 
@@ -223,7 +243,7 @@ impl Shape {
             Shape::Scalar(..) => 1,
             Shape::Tensor(_, _, dims) => numel(dims),
             Shape::Tuple(items) => items.iter().map(Shape::width).sum(),
-            Shape::Io | Shape::Stack | Shape::Zero => 0,
+            Shape::Io | Shape::Stack | Shape::Zero | Shape::Buffer(..) => 0,
         }
     }
 
@@ -273,7 +293,9 @@ impl Shape {
             ),
             Shape::Io => Value::Io,
             Shape::Zero => Value::Zero,
-            Shape::Stack => return Err(RtError::internal("scalar kernel: a stack result")),
+            Shape::Stack | Shape::Buffer(..) => {
+                return Err(RtError::internal("scalar kernel: a stack or buffer result"))
+            }
         })
     }
 }
@@ -575,9 +597,10 @@ impl Cx<'_> {
                 .then_some(())?;
         }
         for &p in self.fv.get(g) {
-            self.shape(p)?.elem()?;
+            let sh = self.shape(p)?;
+            (sh.elem().is_some() || matches!(sh, Shape::Buffer(..))).then_some(())?;
         }
-        self.shape(out)?;
+        (!self.shape(out)?.has_buffer()).then_some(())?;
         let body = self.body(g);
         let choices: HashSet<NodeId> = body
             .iter()
@@ -588,6 +611,20 @@ impl Cx<'_> {
         for &n in &body {
             let ins = m.inputs(n);
             let &head = ins.first()?;
+            // A buffer is only indexed (or marked by reverse mode, which
+            // then checks that its cotangent is not read); nothing made
+            // here is one.
+            let p = m.applied_prim(n);
+            let mark = p == Some(Prim::AdKey) && !self.stacks.param.is_empty();
+            if !mark && self.shape(n).is_some_and(|s| s.has_buffer()) {
+                return None;
+            }
+            for (k, &i) in ins.iter().enumerate() {
+                let read = k == 1 && (p == Some(Prim::Index) || mark);
+                if !read && self.shape(i).is_some_and(|s| s.has_buffer()) {
+                    return None;
+                }
+            }
             // Graph constants and choices may only be called (or chosen).
             for (k, &i) in ins.iter().enumerate() {
                 let chosen = choices.contains(&n) && k >= 2;
@@ -666,7 +703,8 @@ impl Cx<'_> {
                 (self.dims_of(ins[0])? == result.dims()?).then_some(())?;
             }
             Prim::Index => {
-                let Shape::Tensor(t, _, dims) = self.shape(ins[0])? else {
+                let (Shape::Tensor(t, _, dims) | Shape::Buffer(t, dims)) = self.shape(ins[0])?
+                else {
                     return None;
                 };
                 let comps = &ins[1..];
@@ -727,7 +765,7 @@ impl Cx<'_> {
             // A marked free variable of a reversed loop: the key's
             // parameter.
             Prim::AdKey if !self.stacks.param.is_empty() => {
-                result.elem()?;
+                (result.elem().is_some() || matches!(result, Shape::Buffer(..))).then_some(())?;
                 self.const_index(ins[1])?;
             }
             Prim::Where => {
@@ -1183,9 +1221,23 @@ pub(super) fn program_of(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Opt
         .enumerate()
         .map(|(i, g)| (*g, i as u32))
         .collect();
+    // The buffers, in the order of the entry's free variables (the
+    // kernel's inputs after its arguments); a member reading one the
+    // entry does not list cannot be given it.
+    let mut slots: HashMap<NodeId, u32> = HashMap::new();
+    let mut buffers = Vec::new();
+    for &u in cx.fv.get(order[0]) {
+        if let Some(Shape::Buffer(ty, dims)) = cx.shape(u) {
+            slots.insert(u, buffers.len() as u32);
+            buffers.push(SBuffer {
+                ty,
+                len: numel(&dims),
+            });
+        }
+    }
     let mut funcs = Vec::new();
     for &g in order {
-        let f = FuncBuilder::new(cx, g, &index, exit).and_then(FuncBuilder::build);
+        let f = FuncBuilder::new(cx, g, &index, exit, &slots).and_then(FuncBuilder::build);
         if f.is_none() {
             tracing::debug!(
                 target: "adjoint::scalar",
@@ -1215,7 +1267,7 @@ pub(super) fn program_of(cx: &Cx, order: &[GraphId], exit: Option<&Exit>) -> Opt
         );
         return None;
     }
-    Some(ScalarProgram { funcs })
+    Some(ScalarProgram { funcs, buffers })
 }
 
 /// Builds and compiles the program of a region.
@@ -1270,6 +1322,8 @@ struct FuncBuilder<'a, 'c> {
     vals: HashMap<NodeId, Vec<SVal>>,
     /// The parameters of the region's keys ([`Cx::keys`]).
     keys: HashMap<i64, Vec<SVal>>,
+    /// The program's buffer of each free variable read in place.
+    buffers: &'a HashMap<NodeId, u32>,
 }
 
 impl<'a, 'c> FuncBuilder<'a, 'c> {
@@ -1278,6 +1332,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
         g: GraphId,
         index: &'a HashMap<GraphId, u32>,
         exit: Option<&'a Exit>,
+        buffers: &'a HashMap<NodeId, u32>,
     ) -> Option<Self> {
         let mut b = FuncBuilder {
             cx,
@@ -1289,9 +1344,13 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             next: 0,
             vals: HashMap::new(),
             keys: HashMap::new(),
+            buffers,
         };
         let graph = cx.m.graph(g);
         for &p in graph.params.iter().chain(cx.fv.get(g)) {
+            if matches!(cx.shape(p)?, Shape::Buffer(..)) {
+                buffers.get(&p)?;
+            }
             if matches!(cx.shape(p)?, Shape::Io | Shape::Stack | Shape::Zero) {
                 b.vals.insert(p, Vec::new());
                 continue;
@@ -1397,6 +1456,19 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
     /// whether index components `comps` (i64 values, checked and counted
     /// from the end as indexing does) select it.
     fn block(&mut self, comps: &[SVal], dims: &[usize]) -> Vec<SVal> {
+        let at = self.block_at(comps, dims);
+        (0..numel(&dims[..comps.len()]))
+            .map(|r| {
+                let k = self.int(r as i64);
+                self.push(SOp::Binary(SBinary::Eq, at, k), vec![SType::Bool])[0]
+            })
+            .collect()
+    }
+
+    /// The row-major number of the block of the first `comps.len()` axes
+    /// of `dims` that index components `comps` select (each checked and
+    /// counted from the end as indexing does).
+    fn block_at(&mut self, comps: &[SVal], dims: &[usize]) -> SVal {
         let mut at = None;
         for (axis, &c) in comps.iter().enumerate() {
             let j = self.push(
@@ -1416,13 +1488,7 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                 }
             });
         }
-        let at = at.expect("at least one component");
-        (0..numel(&dims[..comps.len()]))
-            .map(|r| {
-                let k = self.int(r as i64);
-                self.push(SOp::Binary(SBinary::Eq, at, k), vec![SType::Bool])[0]
-            })
-            .collect()
+        at.expect("at least one component")
     }
 
     /// The index components of `index(x, c..)` as i64 values (literals
@@ -1588,6 +1654,40 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     a.into_iter()
                         .zip(b)
                         .map(|(a, b)| self.push(SOp::Select(c, a, b), vec![t])[0])
+                        .collect()
+                }
+                Prim::Index if matches!(cx.shape(ins[1])?, Shape::Buffer(..)) => {
+                    let Shape::Buffer(t, dims) = cx.shape(ins[1])? else {
+                        return None;
+                    };
+                    // (A mark of a buffer, whose cotangent nobody reads, is
+                    // the buffer.)
+                    let src = match m.applied_prim(ins[1]) {
+                        Some(Prim::AdKey) => m.inputs(ins[1])[1],
+                        _ => ins[1],
+                    };
+                    let buf = *self.buffers.get(&src)?;
+                    let k = ins.len() - 2;
+                    let inner = numel(&dims[k..]);
+                    let first = match cx.literal_ints(&ins[2..]) {
+                        Some(is) => self.int((static_block(&is, &dims)? * inner) as i64),
+                        None => {
+                            let comps = self.components(&ins[2..])?;
+                            let at = self.block_at(&comps, &dims);
+                            let w = self.int(inner as i64);
+                            self.push(SOp::Binary(SBinary::Mul, at, w), vec![SType::I64])[0]
+                        }
+                    };
+                    (0..inner)
+                        .map(|j| {
+                            let offset = if j == 0 {
+                                first
+                            } else {
+                                let d = self.int(j as i64);
+                                self.push(SOp::Binary(SBinary::Add, first, d), vec![SType::I64])[0]
+                            };
+                            self.push(SOp::Load { buf, offset }, vec![t])[0]
+                        })
                         .collect()
                 }
                 Prim::Index => {
@@ -1799,6 +1899,9 @@ impl ScalarKernel {
                     Shape::Tensor(t, _, dims) => {
                         format!("{t}{}", adjoint_runtime::shape::fmt_shape(dims))
                     }
+                    Shape::Buffer(t, dims) => {
+                        format!("{t}{} in place", adjoint_runtime::shape::fmt_shape(dims))
+                    }
                     s => s
                         .flat()
                         .iter()
@@ -1824,7 +1927,10 @@ impl NativeKernel for ScalarKernel {
     fn call(&self, args: Vec<Value>) -> Result<Value, RtError> {
         super::check_arity(&self.name, self.inputs.len(), args.len())?;
         let scalars = flat_args(&self.name, &args, &self.inputs)?;
-        let out = self.compiled.call(&scalars)?;
+        let buffers = buffer_args(&self.name, &args, &self.inputs)?;
+        let out = self
+            .compiled
+            .call_with(&scalars, &buffers, &mut Vec::new(), u64::MAX)?;
         self.result.value(&mut out.into_iter())
     }
 }
@@ -1860,8 +1966,38 @@ pub(super) fn flat_args(
                     SType::Bool => lanes!(as_bool, Scalar::Bool),
                 }
             }
+            Shape::Buffer(..) => {}
             _ => return Err(wrong()),
         }
+    }
+    Ok(out)
+}
+
+/// The elements of the arguments `args` of shapes `shapes` that are
+/// buffers ([`Shape::Buffer`]), in order.
+pub(super) fn buffer_args<'a>(
+    name: &str,
+    args: &'a [Value],
+    shapes: &[Shape],
+) -> Result<Vec<BufRef<'a>>, RtError> {
+    let mut out = Vec::new();
+    for (a, sh) in args.iter().zip(shapes) {
+        let Shape::Buffer(t, dims) = sh else {
+            continue;
+        };
+        let wrong = || RtError::internal(format!("{name}: an argument is not a {sh:?}"));
+        let Value::Tensor(x) = a else {
+            return Err(wrong());
+        };
+        if x.dtype() != t.dtype() || x.shape() != dims.as_slice() {
+            return Err(wrong());
+        }
+        out.push(match t {
+            SType::F32 => BufRef::F32(x.as_f32().ok_or_else(wrong)?),
+            SType::F64 => BufRef::F64(x.as_f64().ok_or_else(wrong)?),
+            SType::I64 => BufRef::I64(x.as_i64().ok_or_else(wrong)?),
+            SType::Bool => return Err(wrong()),
+        });
     }
     Ok(out)
 }

@@ -27,8 +27,8 @@ use adjoint_runtime::value::Value;
 use adjoint_runtime::vm::NativeKernel;
 
 use super::regions::{
-    add_call_group, callees, compilable, flat_args, program_of, region, scalar_args, Cx, Shape,
-    Stacks,
+    add_call_group, buffer_args, callees, compilable, flat_args, program_of, region, scalar_args,
+    Cx, Shape, Stacks,
 };
 use super::Plan;
 use crate::infer::Types;
@@ -212,7 +212,9 @@ pub(super) fn reverse_groups(
     };
     let trace = tracing::enabled!(target: "adjoint::scalar", tracing::Level::DEBUG);
     let ok = compilable(&cx, graphs);
-    let mut built: HashMap<GraphId, Option<Arc<Built>>> = HashMap::new();
+    // Per entry and the keys its `unwind`'s environment is read at.
+    type Site = (GraphId, Option<Vec<i64>>);
+    let mut built: HashMap<Site, Option<Arc<Built>>> = HashMap::new();
     for &h in graphs {
         if cx.stacks.param.contains_key(&h) {
             continue;
@@ -240,10 +242,11 @@ pub(super) fn reverse_groups(
                 }
                 continue;
             };
+            let read = env_reads(&uses, unwind);
             let b = built
-                .entry(g)
+                .entry((g, read.clone()))
                 .or_insert_with(|| {
-                    let r = build(&cx, &ok, g, opts.max_tape_slots);
+                    let r = build(&cx, &ok, g, read.as_deref(), opts.max_tape_slots);
                     if trace {
                         tracing::debug!(
                         target: "adjoint::scalar",
@@ -353,6 +356,33 @@ fn stack_use(cx: &Cx, uses: &Uses, n: NodeId) -> Option<(NodeId, NodeId, NodeId)
         (k == 1 && get_index(u)? >= 0).then_some(())?;
     }
     Some((stack, unwind, ins[2]))
+}
+
+/// The keys at which the environment of `unwind`'s result is read,
+/// sorted; `None` when it is used otherwise (passed on, merged), so any
+/// key may be.
+fn env_reads(uses: &Uses, unwind: NodeId) -> Option<Vec<i64>> {
+    let m = uses.m;
+    let mut keys = Vec::new();
+    for (u, _) in uses.of(unwind)? {
+        if m.applied_prim(u) != Some(Prim::TupleGet)
+            || m.as_const(m.inputs(u)[2]) != Some(&Const::Int(0))
+        {
+            continue;
+        }
+        for (r, k) in uses.of(u)? {
+            if m.applied_prim(r) != Some(Prim::EnvGetitem) || k != 1 {
+                return None;
+            }
+            let Some(Const::Int(key)) = m.as_const(m.inputs(r)[2]) else {
+                return None;
+            };
+            keys.push(*key);
+        }
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Some(keys)
 }
 
 /// A loop's two compiled programs.
@@ -551,6 +581,7 @@ fn build(
     cx: &Cx,
     ok: &HashMap<GraphId, super::regions::Info>,
     g: GraphId,
+    read: Option<&[i64]>,
     max_tape_slots: u64,
 ) -> Result<Built, String> {
     let (m, fv) = (cx.m, cx.fv);
@@ -568,6 +599,7 @@ fn build(
     // The marked free variables: one value per key, from outside the loop.
     let members: HashSet<GraphId> = r.order.iter().copied().collect();
     let mut marks: HashMap<i64, (NodeId, Shape)> = HashMap::new();
+    let mut unread: HashSet<NodeId> = HashSet::new();
     for &h in &r.order {
         for n in cx.body(h) {
             if m.applied_prim(n) != Some(Prim::AdKey) {
@@ -583,6 +615,15 @@ fn build(
             // mark is the value itself ([`Cx::keys`]).
             if m.node(x).graph.is_some_and(|o| members.contains(&o)) {
                 continue;
+            }
+            // A large tensor read in place has no cotangent here: its
+            // mark must be one nobody reads.
+            if matches!(cx.shape(n), Some(Shape::Buffer(..))) {
+                if read.is_some_and(|r| !r.contains(k)) {
+                    unread.insert(x);
+                    continue;
+                }
+                return Err("the cotangent of a large tensor it reads is used".into());
             }
             let sh = cx
                 .shape(n)
@@ -619,7 +660,7 @@ fn build(
         }
     }
     for u in outside {
-        if marked.contains(&u) {
+        if marked.contains(&u) || unread.contains(&u) {
             continue;
         }
         // Unmarked, it must be known not to be a float (a use inside a
@@ -721,9 +762,10 @@ impl NativeKernel for Forward {
             tape.try_reserve(1024)
                 .map_err(|_| RtError::new("out of memory for the tape"))?;
         }
+        let buffers = buffer_args(&b.name, &args, &b.inputs)?;
         let out = b
             .forward
-            .call_with_tape(&scalars, &mut tape, b.max_tape_slots)?;
+            .call_with(&scalars, &buffers, &mut tape, b.max_tape_slots)?;
         let value = b.value.value(&mut out.into_iter())?;
         let n = tape.len();
         b.last_len

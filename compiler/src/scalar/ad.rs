@@ -72,7 +72,8 @@ fn float_const(t: SType, x: f64) -> Scalar {
 /// operations that call the runtime.
 fn saved(op: &SOp) -> bool {
     match op {
-        SOp::Call(_) | SOp::CallIf(..) => true,
+        // The backward program reads no buffers.
+        SOp::Call(_) | SOp::CallIf(..) | SOp::Load { .. } => true,
         SOp::Unary(u, _) => !matches!(
             u,
             SUnary::Neg
@@ -387,6 +388,8 @@ pub fn reverse(p: &ScalarProgram) -> Result<Reversed, String> {
             .into_iter()
             .map(|f| f.expect("every function of the backward program is built"))
             .collect(),
+        // Loaded values are read back from the record.
+        buffers: Vec::new(),
     };
     for f in &mut backward.funcs {
         dce(f);
@@ -463,7 +466,10 @@ impl Rev<'_> {
             }
             funcs.push(fb.finish(f.name.clone(), f.results.clone(), term));
         }
-        ScalarProgram { funcs }
+        ScalarProgram {
+            funcs,
+            buffers: p.buffers.clone(),
+        }
     }
 
     /// The index of backward function `key`, queued for building.
@@ -896,8 +902,11 @@ fn rev_op(
             }
             return Ok(());
         }
+        // A buffer is a constant of the loop: regions only make one of a
+        // value whose cotangent is not asked for.
         SOp::Const(_)
         | SOp::Bound { .. }
+        | SOp::Load { .. }
         | SOp::Call(_)
         | SOp::CallIf(..)
         | SOp::Push(_)
@@ -1251,6 +1260,7 @@ mod tests {
         };
         ScalarProgram {
             funcs: vec![outer, outer_body, inner, inner_done, outer_done, pos, neg],
+            buffers: Vec::new(),
         }
     }
 

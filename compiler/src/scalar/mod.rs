@@ -480,6 +480,14 @@ pub enum SOp {
         size: u32,
         axis: u32,
     },
+    /// Element `offset` (an i64 in `0..len`, which the program checks
+    /// before, with [`SOp::Bound`]) of the program's buffer `buf`
+    /// ([`ScalarProgram::buffers`]), of the buffer's element type: a
+    /// large tensor the loop reads in place.
+    Load {
+        buf: u32,
+        offset: SVal,
+    },
 }
 
 impl SOp {
@@ -488,7 +496,10 @@ impl SOp {
         let call = |c: &SCall, f: &mut dyn FnMut(SVal)| c.args.iter().for_each(|v| f(*v));
         match self {
             SOp::Const(_) | SOp::Pop => {}
-            SOp::Unary(_, x) | SOp::Cast(x) | SOp::Bound { index: x, .. } => f(*x),
+            SOp::Unary(_, x)
+            | SOp::Cast(x)
+            | SOp::Bound { index: x, .. }
+            | SOp::Load { offset: x, .. } => f(*x),
             SOp::Binary(_, x, y) => {
                 f(*x);
                 f(*y);
@@ -513,7 +524,10 @@ impl SOp {
         let call = |c: &mut SCall| c.args.iter_mut().for_each(|v| *v = f(*v));
         match self {
             SOp::Const(_) | SOp::Pop => {}
-            SOp::Unary(_, x) | SOp::Cast(x) | SOp::Bound { index: x, .. } => *x = f(*x),
+            SOp::Unary(_, x)
+            | SOp::Cast(x)
+            | SOp::Bound { index: x, .. }
+            | SOp::Load { offset: x, .. } => *x = f(*x),
             SOp::Binary(_, x, y) => {
                 *x = f(*x);
                 *y = f(*y);
@@ -623,10 +637,20 @@ impl SFunc {
     }
 }
 
+/// A tensor a program reads in place ([`SOp::Load`]): its element type
+/// and number of elements. The caller passes one of each, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SBuffer {
+    pub ty: SType,
+    pub len: usize,
+}
+
 /// Functions, the first of which is the entry.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ScalarProgram {
     pub funcs: Vec<SFunc>,
+    /// The tensors its loads read.
+    pub buffers: Vec<SBuffer>,
 }
 
 impl ScalarProgram {
@@ -796,6 +820,13 @@ impl ScalarProgram {
                     SOp::Bound { index, size, .. } => {
                         ty(*index, defined)? == SType::I64 && *size > 0 && one(SType::I64)
                     }
+                    SOp::Load { buf, offset } => {
+                        ty(*offset, defined)? == SType::I64
+                            && self
+                                .buffers
+                                .get(*buf as usize)
+                                .is_some_and(|b| b.ty != SType::Bool && one(b.ty))
+                    }
                 };
                 if !ok {
                     return Err(bad());
@@ -837,14 +868,28 @@ impl ScalarProgram {
         tape: &mut Vec<u64>,
         fuel: usize,
     ) -> Option<Vec<Scalar>> {
+        self.eval_with_buffers(args, &[], tape, fuel)
+    }
+
+    /// [`ScalarProgram::eval_with_tape`] reading `buffers`, one per
+    /// [`ScalarProgram::buffers`] (`None` if one is missing or a load
+    /// falls outside its buffer).
+    pub fn eval_with_buffers(
+        &self,
+        args: &[Scalar],
+        buffers: &[Vec<Scalar>],
+        tape: &mut Vec<u64>,
+        fuel: usize,
+    ) -> Option<Vec<Scalar>> {
         let mut fuel = fuel;
-        self.run(FuncIdx(0), args.to_vec(), tape, &mut fuel)
+        self.run(FuncIdx(0), args.to_vec(), buffers, tape, &mut fuel)
     }
 
     fn run(
         &self,
         func: FuncIdx,
         args: Vec<Scalar>,
+        buffers: &[Vec<Scalar>],
         tape: &mut Vec<u64>,
         fuel: &mut usize,
     ) -> Option<Vec<Scalar>> {
@@ -872,6 +917,10 @@ impl ScalarProgram {
                             adjoint_runtime::shape::resolve_at(i, *axis as usize, *size as usize);
                         vec![Scalar::I64(j.ok()? as i64)]
                     }
+                    SOp::Load { buf, offset } => {
+                        let k = usize::try_from(v(offset).as_i64()?).ok()?;
+                        vec![*buffers.get(*buf as usize)?.get(k)?]
+                    }
                     SOp::Select(c, a, b) => {
                         vec![if v(c) == Scalar::Bool(true) {
                             v(a)
@@ -879,10 +928,18 @@ impl ScalarProgram {
                             v(b)
                         }]
                     }
-                    SOp::Call(c) => self.run(c.func, c.args.iter().map(v).collect(), tape, fuel)?,
+                    SOp::Call(c) => {
+                        self.run(c.func, c.args.iter().map(v).collect(), buffers, tape, fuel)?
+                    }
                     SOp::CallIf(c, a, b) => {
                         let pick = if v(c) == Scalar::Bool(true) { a } else { b };
-                        self.run(pick.func, pick.args.iter().map(v).collect(), tape, fuel)?
+                        self.run(
+                            pick.func,
+                            pick.args.iter().map(v).collect(),
+                            buffers,
+                            tape,
+                            fuel,
+                        )?
                     }
                     SOp::Push(vs) => {
                         tape.extend(vs.iter().map(|x| v(x).to_bits()));
@@ -973,6 +1030,7 @@ impl fmt::Display for ScalarProgram {
                     SOp::Bound { index, size, axis } => {
                         format!("bound v{} size {size} axis {axis}", index.0)
                     }
+                    SOp::Load { buf, offset } => format!("load b{buf}[v{}]", offset.0),
                     SOp::Select(c, x, y) => format!("select v{} v{} v{}", c.0, x.0, y.0),
                     SOp::Call(c) => format!("call {}", call(c)),
                     SOp::CallIf(c, x, y) => {
@@ -1052,6 +1110,7 @@ pub(crate) mod tests {
         };
         ScalarProgram {
             funcs: vec![header, body, exit],
+            buffers: Vec::new(),
         }
     }
 
@@ -1236,6 +1295,7 @@ pub(crate) mod tests {
         };
         ScalarProgram {
             funcs: vec![step, done],
+            buffers: Vec::new(),
         }
     }
 

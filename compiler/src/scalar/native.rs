@@ -72,6 +72,9 @@ pub(crate) struct TapeBuf {
     /// More of what the fault needs: an index's axis (high 32 bits) and
     /// that axis's size (low 32 bits).
     extra: u64,
+    /// The elements of the program's buffers ([`ScalarProgram::buffers`]),
+    /// one pointer each.
+    bufs: *const *const u8,
 }
 
 impl TapeBuf {
@@ -85,6 +88,45 @@ impl TapeBuf {
             site: NO_SITE,
             limit,
             extra: 0,
+            bufs: std::ptr::null(),
+        }
+    }
+}
+
+/// The offset of [`TapeBuf::bufs`].
+const BUFS_OFFSET: i32 = 64;
+
+/// A buffer a program reads ([`ScalarProgram::buffers`]): a tensor's
+/// elements, row-major.
+#[derive(Clone, Copy, Debug)]
+pub enum BufRef<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    I64(&'a [i64]),
+}
+
+impl BufRef<'_> {
+    fn ty(&self) -> SType {
+        match self {
+            BufRef::F32(_) => SType::F32,
+            BufRef::F64(_) => SType::F64,
+            BufRef::I64(_) => SType::I64,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            BufRef::F32(x) => x.len(),
+            BufRef::F64(x) => x.len(),
+            BufRef::I64(x) => x.len(),
+        }
+    }
+
+    fn ptr(&self) -> *const u8 {
+        match self {
+            BufRef::F32(x) => x.as_ptr() as *const u8,
+            BufRef::F64(x) => x.as_ptr() as *const u8,
+            BufRef::I64(x) => x.as_ptr() as *const u8,
         }
     }
 }
@@ -193,7 +235,7 @@ impl CompiledScalar {
     /// Runs the entry on `args`, which must have its parameter types.
     /// An error if the arguments do not match or the run was interrupted.
     pub fn call(&self, args: &[Scalar]) -> Result<Vec<Scalar>, ScalarError> {
-        self.call_with_tape(args, &mut Vec::new(), u64::MAX)
+        self.call_with(args, &[], &mut Vec::new(), u64::MAX)
     }
 
     /// [`CompiledScalar::call`] for a program with tape operations: they
@@ -204,11 +246,46 @@ impl CompiledScalar {
         tape: &mut Vec<u64>,
         limit: u64,
     ) -> Result<Vec<Scalar>, ScalarError> {
+        self.call_with(args, &[], tape, limit)
+    }
+
+    /// [`CompiledScalar::call_with_tape`] for a program that reads
+    /// buffers: `buffers` has one per [`ScalarProgram::buffers`], of its
+    /// type and length.
+    pub fn call_with(
+        &self,
+        args: &[Scalar],
+        buffers: &[BufRef],
+        tape: &mut Vec<u64>,
+        limit: u64,
+    ) -> Result<Vec<Scalar>, ScalarError> {
+        let want = &self.program.buffers;
+        if buffers.len() != want.len()
+            || buffers
+                .iter()
+                .zip(want)
+                .any(|(b, w)| b.ty() != w.ty || b.len() != w.len)
+        {
+            return Err(format!(
+                "{}: expected buffers {:?}, got {:?}",
+                self.program.entry().name,
+                want,
+                buffers
+                    .iter()
+                    .map(|b| (b.ty(), b.len()))
+                    .collect::<Vec<_>>()
+            )
+            .into());
+        }
+        let ptrs: Vec<*const u8> = buffers.iter().map(BufRef::ptr).collect();
         let mut v = std::mem::ManuallyDrop::new(std::mem::take(tape));
         let mut buf = TapeBuf::new(v.as_mut_ptr(), v.len(), v.capacity(), limit);
+        buf.bufs = ptrs.as_ptr();
         // SAFETY: `buf` is a live Vec's parts, which native code keeps
         // valid (it grows the Vec only through `tape_grow`, and never pops
-        // below empty); they are put back together afterwards.
+        // below empty); they are put back together afterwards. The
+        // buffers were checked against the program's, and its loads read
+        // offsets checked to be in range; `ptrs` outlives the run.
         let out = unsafe { self.run(args, &mut buf) };
         *tape = unsafe { Vec::from_raw_parts(buf.ptr, buf.len, buf.cap) };
         out
@@ -466,7 +543,8 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
     // A program that may fault gets the tape pointer too, for the fault
     // code, and checks it after each call.
     let may_fault = program.may_fault();
-    let has_ctx = uses_tape || may_fault;
+    // Loads find their buffers through it as well.
+    let has_ctx = uses_tape || may_fault || !program.buffers.is_empty();
     let mut module = JITModule::new(builder);
     let ptr = module.target_config().pointer_type();
     let err = |e: &dyn std::fmt::Display| CodegenError::Backend(e.to_string());
@@ -896,6 +974,21 @@ impl FnEmitter<'_> {
                 vec![j]
             }
             SOp::Select(c, x, y) => vec![b.ins().select(v(c), v(x), v(y))],
+            SOp::Load { buf, offset } => {
+                let tp = tp.expect("programs with buffers have the pointer");
+                let t = inst.results[0];
+                // The table and the buffers do not change during a run.
+                let table_flags = MemFlagsData::new()
+                    .with_notrap()
+                    .with_aligned()
+                    .with_readonly();
+                let table = b.ins().load(ptr, table_flags, tp, BUFS_OFFSET);
+                let base = b.ins().load(ptr, table_flags, table, 8 * *buf as i32);
+                let size = if t == SType::F32 { 2 } else { 3 };
+                let off = b.ins().ishl_imm_u(v(offset), size);
+                let at = b.ins().iadd(base, off);
+                vec![b.ins().load(clif_type(t), table_flags, at, 0)]
+            }
             SOp::Call(c) => {
                 let args = c.args.iter().map(v).collect();
                 let rs = self.call_values(b, st, c.func.0 as usize, args, &inst.results);
