@@ -582,6 +582,9 @@ fn measure_pairs(times: &[f64], results: Vec<String>) -> Measured {
 
 fn measure(root: &Path, case: &Case, opts: &Options) -> Result<Measured, String> {
     // A pilot run with one evaluation estimates its cost.
+    if case.compile {
+        adjoint::clear_code_caches();
+    }
     let pilot = run_case(root, case, opts.mode, 1)?;
     let one = secs(&pilot.iters).iter().sum::<f64>().max(1e-9);
     let reps = ((opts.budget / one).ceil() as usize).clamp(3, opts.max_reps.max(3));
@@ -602,10 +605,15 @@ fn measure(root: &Path, case: &Case, opts: &Options) -> Result<Measured, String>
     let compile = if case.compile {
         // Several short runs: load + time to `start`, and the first step's
         // excess over the steady state.
-        let mut loads = vec![pilot.load.as_secs_f64(), run.load.as_secs_f64()];
-        let mut preps = vec![pilot.to_start.as_secs_f64(), run.to_start.as_secs_f64()];
-        let mut firsts = vec![pilot.iters[0].as_secs_f64(), times[0]];
+        // (Only runs that compiled everything: the timed run found the
+        // pilot's code in the caches.)
+        let mut loads = vec![pilot.load.as_secs_f64()];
+        let mut preps = vec![pilot.to_start.as_secs_f64()];
+        let mut firsts = vec![pilot.iters[0].as_secs_f64()];
         for _ in 0..3 {
+            // Code compiled by earlier runs is cached in the process: a
+            // fresh process would compile it again.
+            adjoint::clear_code_caches();
             let r = run_case(root, case, opts.mode, 1)?;
             loads.push(r.load.as_secs_f64());
             preps.push(r.to_start.as_secs_f64());

@@ -63,6 +63,17 @@ pub use adjoint_runtime::threads::join_kernel_pool;
 /// the request before more runs. [`interrupt_requested`] reads it.
 pub use adjoint_runtime::vm::{clear_interrupt, interrupt_requested, request_interrupt};
 
+/// Forgets the machine code compiled so far in the process (fused
+/// kernels and native loops are cached by their form, so a program
+/// loaded again compiles nothing): the next program compiles from
+/// scratch, as in a fresh process. Programs already loaded keep their
+/// code. For embedders that want memory back, and for measuring compile
+/// times (`benches/adjoint_bench.rs`).
+pub fn clear_code_caches() {
+    adjoint_compiler::codegen::cpu::clear_cache();
+    adjoint_compiler::scalar::native::clear_cache();
+}
+
 pub mod env_options;
 
 pub mod pass_times;

@@ -501,13 +501,24 @@ fn imports(p: &ScalarProgram) -> Vec<Import> {
     out
 }
 
+type Cache = Mutex<HashMap<String, Arc<CompiledScalar>>>;
+
+fn scalar_cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Empties the process-wide cache of [`compile_scalar_cached`] (programs
+/// holding compiled code keep it).
+pub fn clear_cache() {
+    scalar_cache().lock().expect("scalar code cache").clear();
+}
+
 /// Compiles `program`, or returns the code compiled for an equal program
 /// earlier in the process (a REPL session, or a program run again by an
 /// embedder, recompiles nothing).
 pub fn compile_scalar_cached(program: &ScalarProgram) -> Result<Arc<CompiledScalar>, CodegenError> {
-    type Cache = Mutex<HashMap<String, Arc<CompiledScalar>>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
+    let cache = scalar_cache();
     // The printed form is the key: it spells every constant exactly.
     let key = format!("{program:?}");
     if let Some(c) = cache.lock().expect("scalar code cache").get(&key) {

@@ -402,6 +402,12 @@ pub fn cache_len() -> usize {
     cache().lock().unwrap().len()
 }
 
+/// Empties the process-wide cache (kernels in use stay alive with the
+/// programs holding them).
+pub fn clear_cache() {
+    cache().lock().unwrap().clear();
+}
+
 /// Raw buffer pointers that may cross threads: the chunks write disjoint
 /// output elements.
 /// The addresses of input buffers.
