@@ -1312,6 +1312,128 @@ pub(crate) mod tests {
         })
     }
 
+    /// `sum(i)`: adds element `(3 i) % 7` of a 7-element f64 buffer for
+    /// `i` in `0..n`, reading it with bound-checked loads.
+    fn buffer_sum() -> ScalarProgram {
+        use SType::*;
+        // v0 i, v1 acc, v2 n
+        let body = vec![
+            inst(SOp::Binary(SBinary::Lt, SVal(0), SVal(2)), Bool), // v3
+            inst(SOp::Const(Scalar::I64(3)), I64),                  // v4
+            inst(SOp::Binary(SBinary::Mul, SVal(0), SVal(4)), I64), // v5
+            inst(SOp::Const(Scalar::I64(7)), I64),                  // v6
+            inst(SOp::Binary(SBinary::Rem, SVal(5), SVal(6)), I64), // v7
+            inst(
+                SOp::Bound {
+                    index: SVal(7),
+                    size: 7,
+                    axis: 0,
+                },
+                I64,
+            ), // v8
+            inst(
+                SOp::Load {
+                    buf: 0,
+                    offset: SVal(8),
+                },
+                F64,
+            ), // v9
+            inst(SOp::Binary(SBinary::Add, SVal(1), SVal(9)), F64), // v10
+            inst(SOp::Const(Scalar::I64(1)), I64),                  // v11
+            inst(SOp::Binary(SBinary::Add, SVal(0), SVal(11)), I64), // v12
+        ];
+        let step = SFunc {
+            name: "step".into(),
+            params: vec![I64, F64, I64],
+            results: vec![F64],
+            body,
+            term: STerm::TailCallIf(
+                SVal(3),
+                SCall {
+                    func: FuncIdx(0),
+                    args: vec![SVal(12), SVal(10), SVal(2)],
+                },
+                SCall {
+                    func: FuncIdx(1),
+                    args: vec![SVal(1)],
+                },
+            ),
+        };
+        let done = SFunc {
+            name: "done".into(),
+            params: vec![F64],
+            results: vec![F64],
+            body: vec![],
+            term: STerm::Return(vec![SVal(0)]),
+        };
+        ScalarProgram {
+            funcs: vec![step, done],
+            buffers: vec![SBuffer { ty: F64, len: 7 }],
+        }
+    }
+
+    #[test]
+    fn loads_read_the_buffers_the_caller_passes() {
+        use crate::scalar::native::BufRef;
+        let p = buffer_sum();
+        p.validate().unwrap();
+        let data: Vec<f64> = (0..7).map(|k| 1.5f64.powi(k)).collect();
+        let native = compile_scalar(&p).unwrap();
+        let args = [Scalar::I64(0), Scalar::F64(0.0), Scalar::I64(20)];
+        let scalars: Vec<Scalar> = data.iter().map(|x| Scalar::F64(*x)).collect();
+        let want = p
+            .eval_with_buffers(&args, &[scalars], &mut Vec::new(), 1000)
+            .unwrap();
+        let got = native
+            .call_with(&args, &[BufRef::F64(&data)], &mut Vec::new(), u64::MAX)
+            .unwrap();
+        assert_eq!(got, want);
+        // A buffer of another length or type, or none, is refused before
+        // any load runs.
+        for bad in [
+            vec![BufRef::F64(&data[..6])],
+            vec![BufRef::I64(&[1, 2, 3, 4, 5, 6, 7])],
+            vec![],
+        ] {
+            let err = native
+                .call_with(&args, &bad, &mut Vec::new(), u64::MAX)
+                .unwrap_err();
+            assert!(err.message.contains("expected buffers"), "{err}");
+        }
+    }
+
+    #[test]
+    fn both_tiers_compute_the_same_bits() {
+        use crate::scalar::native::compile_tiered;
+        // A long body: more instructions than the first tier's threshold.
+        let ops: Vec<(u8, u8, u8)> = (0..600u32)
+            .map(|k| ((k * 7) as u8, (k * 13 + 1) as u8, (k * 29 + 3) as u8))
+            .collect();
+        let p = random_program(&ops, 9);
+        p.validate().unwrap();
+        let quick = compile_tiered(&p).unwrap();
+        assert!(
+            !quick.optimised(),
+            "a long program starts in the quick tier"
+        );
+        let slow = compile_scalar(&p).unwrap();
+        assert!(slow.optimised());
+        for (x, k) in [(0.3, 5i64), (-2.5, -17), (1e3, 40)] {
+            let args = [
+                Scalar::F64(x),
+                Scalar::F32(x as f32),
+                Scalar::I64(k),
+                Scalar::Bool(k > 0),
+                Scalar::I64(0),
+            ];
+            match (quick.call(&args), slow.call(&args)) {
+                (Ok(a), Ok(b)) => assert!(same(&a, &b), "{a:?} != {b:?}"),
+                (Err(a), Err(b)) => assert_eq!(a, b),
+                (a, b) => panic!("{a:?} vs {b:?}"),
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
