@@ -184,6 +184,25 @@ fn cases(root: &Path) -> Vec<Case> {
         compile: true,
         paired: false,
     });
+    let ba = |f: &str| {
+        let p = root.join("benches/data/ba/n49").join(f);
+        format!("load_npy({:?})", p.display().to_string())
+    };
+    v.push(Case {
+        name: "ba",
+        what: "ADBench bundle adjustment objective + gradient, f64, n49".to_string(),
+        file: "benches/programs/ba.adj",
+        entry: format!(
+            "    print(\"start\");\n    run({}, {}, {}, {}, {}, REPS);\n",
+            ba("cams.npy"),
+            ba("points.npy"),
+            ba("weights.npy"),
+            ba("features.npy"),
+            ba("obs.npy")
+        ),
+        compile: true,
+        paired: false,
+    });
     v.push(Case {
         name: "loop_grad",
         what: "gradient of x <- sin(x)*x + 0.5, 1000 steps, f64 scalar".to_string(),

@@ -62,6 +62,8 @@ GOALS = {
 ROWS = [
     ("lstm", "7. ADBench LSTM obj+grad (f64)"),
     ("lstm_compile", "7. LSTM compile time"),
+    ("ba", "8. ADBench BA obj+grad n49 (f64)"),
+    ("ba_compile", "8. BA compile time"),
     ("mlp", "1. MLP train step (f32, batch 128)"),
     ("gmm_d10_grad", "2. GMM obj+grad d=10 K=25 (f64)"),
     ("gmm_d20_grad", "2. GMM obj+grad d=20 K=50 (f64)"),
@@ -83,6 +85,12 @@ ROWS = [
 def load_lstm():
     d = os.path.join(HERE, "data", "lstm", "l2_c1024")
     return [np.load(os.path.join(d, f + ".npy")) for f in ("main", "extra", "state", "sequence")]
+
+
+def load_ba():
+    d = os.path.join(HERE, "data", "ba", "n49")
+    return [np.load(os.path.join(d, f + ".npy"))
+            for f in ("cams", "points", "weights", "features", "obs")]
 
 
 def load_gmm(name):
@@ -218,6 +226,43 @@ def bench_jax(cases, budget, max_reps, log):
         out["lstm"], _ = time_fn(lambda: jax.block_until_ready(vg(w, extra, state, seq)), budget, max_reps)
         out["lstm_compile"] = max(t_first - out["lstm"], 0.0)
         log("jax lstm done")
+
+    # 8: ADBench bundle adjustment, vectorised over the observations
+    if "ba" in cases:
+        cams, points, weights, features, obs = (jnp.asarray(v) for v in load_ba())
+
+        def rodrigues(rot, x):
+            sqtheta = jnp.sum(rot * rot, axis=1, keepdims=True)
+            theta = jnp.sqrt(sqtheta)
+            w = rot / theta
+            c, s = jnp.cos(theta), jnp.sin(theta)
+            rotated = x * c + jnp.cross(w, x) * s + w * (jnp.sum(w * x, axis=1, keepdims=True) * (1.0 - c))
+            return jnp.where(sqtheta != 0.0, rotated, x + jnp.cross(rot, x))
+
+        def project(cam, x):
+            xcam = rodrigues(cam[:, 0:3], x - cam[:, 3:6])
+            p = xcam[:, 0:2] / xcam[:, 2:3]
+            rsq = jnp.sum(p * p, axis=1, keepdims=True)
+            distortion = 1.0 + cam[:, 9:10] * rsq + cam[:, 10:11] * rsq * rsq
+            return p * distortion * cam[:, 6:7] + cam[:, 7:9]
+
+        def ba_objective(cams, points, weights, obs, features):
+            cam = jnp.take(cams, obs[:, 0], axis=0)
+            x = jnp.take(points, obs[:, 1], axis=0)
+            err = weights[:, None] * (project(cam, x) - features)
+            werr = 1.0 - weights * weights
+            return jnp.sum(err * err) + jnp.sum(werr * werr)
+
+        vg = jax.jit(jax.value_and_grad(ba_objective, argnums=(0, 1, 2)))
+        t0 = time.perf_counter()
+        v, g = vg(cams, points, weights, obs, features)
+        jax.block_until_ready(v)
+        t_first = time.perf_counter() - t0
+        checks["ba"] = (float(v), float(sum(jnp.sum(t) for t in g)))
+        out["ba"], _ = time_fn(lambda: jax.block_until_ready(vg(cams, points, weights, obs, features)),
+                               budget, max_reps)
+        out["ba_compile"] = max(t_first - out["ba"], 0.0)
+        log("jax ba done")
 
     # 2 and 5: GMM
     def gmm_objective(alphas, means, icf, x, gamma, m, idx, mask):
@@ -500,8 +545,8 @@ def bench_adjoint(cases, budget, max_reps, log):
             checks[r["case"][:-5]] = (vals.get("value"), vals.get("gradient_sum"))
         if r["case"] in ("loop_grad", "loop_fwd"):
             checks[r["case"]] = vals.get("value")
-        if r["case"] == "lstm":
-            checks["lstm"] = (vals.get("value"), vals.get("gradient_sum"))
+        if r["case"] in ("lstm", "ba"):
+            checks[r["case"]] = (vals.get("value"), vals.get("gradient_sum"))
     if p.returncode != 0 and not raw:
         raise SystemExit("adjoint_bench failed (exit status %d)" % p.returncode)
     mode = raw[0].get("mode", "?") if raw else "?"
@@ -587,7 +632,7 @@ def main():
                          "the median of the runs' medians with their spread (default 1): the "
                          "machine can be slow for a whole run")
     ap.add_argument("--only", nargs="*", default=None,
-                    help="cases: lstm mlp gmm_d10 gmm_d20 loop_grad loop_fwd map16m (default all)")
+                    help="cases: lstm ba mlp gmm_d10 gmm_d20 loop_grad loop_fwd map16m (default all)")
     ap.add_argument("--skip", nargs="*", default=[], help="systems to leave out: adjoint jax torch")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
     ap.add_argument("--threads", type=int, default=None,
@@ -603,7 +648,7 @@ def main():
         THREADS[0] = args.threads
     if args.quick:
         args.budget, args.max_reps = 0.5, 10
-    all_cases = ["lstm", "mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d10_pair", "gmm_d20_grad", "gmm_d20_obj",
+    all_cases = ["lstm", "ba", "mlp", "gmm_d10_grad", "gmm_d10_obj", "gmm_d10_pair", "gmm_d20_grad", "gmm_d20_obj",
                  "gmm_d20_pair", "loop_grad", "loop_fwd", "loop_tensor_grad", "loop_tensor_fwd", "map16m"]
     cases = [c for c in all_cases if args.only is None or any(c.startswith(o) for o in args.only)]
 
@@ -644,10 +689,10 @@ def main():
     results = combine_runs(runs)
 
     # Do the systems compute the same thing?
-    print("Cross-check (GMM and LSTM objective and gradient sum; loop gradient and value):")
+    print("Cross-check (GMM, LSTM and BA objective and gradient sum; loop gradient and value):")
     ok = True
     systems = list(checks)
-    for key in ("gmm_d10", "gmm_d20", "loop_grad", "loop_fwd", "lstm"):
+    for key in ("gmm_d10", "gmm_d20", "loop_grad", "loop_fwd", "lstm", "ba"):
         vals = {s: checks[s].get(key) for s in systems if checks[s].get(key) is not None}
         if len(vals) < 2:
             continue

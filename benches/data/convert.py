@@ -22,6 +22,17 @@ bits) it writes `lstm/l2_c1024/` with, all float64:
     state.npy     [2l, b]    per layer the hidden state, then the cell
     sequence.npy  [c, b]
 
+For the bundle-adjustment input `ba/ba1_n49_m7776_p31843.txt` (n cameras,
+m points, p observations; the file holds one of each, which ADBench's
+reader copies to all) it writes `ba/n49/` with:
+
+    cams.npy      [n, 11]  f64: rotation (Rodrigues), centre, focal length,
+                           principal point, two radial distortion terms
+    points.npy    [m, 3]   f64
+    weights.npy   [p]      f64
+    features.npy  [p, 2]   f64
+    obs.npy       [p, 2]   i64: observation i sees camera i % n, point i % m
+
 The generated files are committed, so that tests need no Python; rerun this
 script only when the inputs change. The text layout is described in
 README.md.
@@ -86,7 +97,30 @@ def read_lstm(path):
     return out
 
 
+def read_ba(path):
+    with open(path) as f:
+        rows = [line.split() for line in f if line.strip()]
+    n, m, p = (int(v) for v in rows[0])
+    cam, point, weight, feature = ([float(v) for v in r] for r in rows[1:5])
+    if (len(cam), len(point), len(weight), len(feature)) != (11, 3, 1, 2):
+        raise ValueError(f"{path}: expected rows of 11, 3, 1 and 2 numbers")
+    i = np.arange(p, dtype=np.int64)
+    return {
+        "cams": np.tile(np.array(cam), (n, 1)),
+        "points": np.tile(np.array(point), (m, 1)),
+        "weights": np.full(p, weight[0]),
+        "features": np.tile(np.array(feature), (p, 1)),
+        "obs": np.stack([i % n, i % m], axis=1),
+    }
+
+
 def main():
+    arrays = read_ba(os.path.join(HERE, "ba", "ba1_n49_m7776_p31843.txt"))
+    out = os.path.join(HERE, "ba", "n49")
+    os.makedirs(out, exist_ok=True)
+    for key, arr in arrays.items():
+        np.save(os.path.join(out, key + ".npy"), np.ascontiguousarray(arr))
+    print("ba/n49: " + ", ".join(f"{k}{list(v.shape)}" for k, v in arrays.items()))
     arrays = read_lstm(os.path.join(HERE, "lstm", "lstm_l2_c1024.txt"))
     out = os.path.join(HERE, "lstm", "l2_c1024")
     os.makedirs(out, exist_ok=True)

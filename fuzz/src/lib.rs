@@ -44,7 +44,7 @@ pub struct Options {
     pub shrink: bool,
     /// Time budget of one shrink.
     pub shrink_secs: f64,
-    /// Flag a compile (`adjoint check`) slower than this; `None`: do not
+    /// Flag a compile (`adjoint emit --stage kernels`) slower than this; `None`: do not
     /// time compiles.
     pub max_compile_secs: Option<f64>,
     /// Run only this program.
@@ -55,7 +55,7 @@ pub struct Options {
     pub verbose: bool,
     /// Generate smaller programs (faster compiles).
     pub small: bool,
-    /// Time compiles (`adjoint check`) on every k-th program only.
+    /// Time compiles (`adjoint emit --stage kernels`) on every k-th program only.
     pub compile_every: u64,
     /// With `Switches::Rotate`: a switch configuration on every k-th
     /// program only.
@@ -240,7 +240,7 @@ impl Summary {
             let mean = c.iter().sum::<f64>() / c.len() as f64;
             let _ = writeln!(
                 s,
-                "compile (`adjoint check`): mean {:.3} s, median {:.3} s, max {:.3} s",
+                "compile (`adjoint emit --stage kernels`): mean {:.3} s, median {:.3} s, max {:.3} s",
                 mean,
                 c[c.len() / 2],
                 c[c.len() - 1]

@@ -21,7 +21,8 @@ usage: adjoint-fuzz [OPTIONS]
   --out DIR              where failing programs are saved (default target/fuzz)
   --shrink               minimise one failing program per failure class
   --shrink-secs T        time budget of one shrink (default 120)
-  --max-compile-secs T   flag `adjoint check` slower than T seconds (default 2;
+  --max-compile-secs T   flag a compile (`adjoint emit --stage kernels`: everything
+                         up to machine code) slower than T s (default 2;
                          0 turns the compile timing off)
   --only INDEX           run only program INDEX of the seed (prints its source)
   --switches all|rotate|none
@@ -31,7 +32,7 @@ usage: adjoint-fuzz [OPTIONS]
   --cuda                 also run each program with --device cuda (graph
                          mode, fused kernels on the GPU) and compare
   --small                smaller programs (faster compiles; other programs)
-  --compile-every K      time `adjoint check` on every K-th program only
+  --compile-every K      time the compile on every K-th program only
   --switch-every K       with --switches rotate: on every K-th program only
   --print                with --only: print the program and exit
   -v, --verbose          a line per program
