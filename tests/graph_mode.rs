@@ -1275,3 +1275,40 @@ fn main() {
     );
     assert_eq!(run(Mode::Graph, SRC), run(Mode::Eager, SRC));
 }
+
+/// A loop called with different types (f64, f32, a vector) from one
+/// program: the typed pass gives each signature its own copy of the
+/// loop's graphs (`opt::specialize`, `split_by_signature`), so each
+/// compiles natively, forward and reverse, where the shared exit graph
+/// with three signatures kept them on the VM before.
+#[test]
+fn a_loop_called_with_several_types_compiles_for_each() {
+    const SRC: &str = "\
+fn f(x, n) {
+    let mut s = x;
+    for i in 0..n {
+        s = sin(s) * s + 0.5;
+    }
+    s
+}
+fn main() {
+    let n = i64(sum(zeros(3)) + 1000.0);
+    print(f(0.3, n));
+    print(f(f32(0.3), n));
+    print(f([0.1, 0.2, 0.3], n));
+    print(grad(|x| f(x, n))(0.3), grad(|x| sum(f(x, n)))([0.1, 0.2]));
+}
+";
+    let s = Session::new(Mode::Graph)
+        .load_source("signatures.adj", SRC)
+        .unwrap();
+    let kernels = s.emit_kernels("main").unwrap();
+    assert_eq!(
+        kernels.matches("reverse of scalar loop").count(),
+        2,
+        "{kernels}"
+    );
+    assert!(!kernels.contains("then @f.after on the VM"), "{kernels}");
+    assert_eq!(kernels.matches("scalar loop over").count(), 3, "{kernels}");
+    assert_eq!(run(Mode::Graph, SRC), run(Mode::Eager, SRC));
+}

@@ -275,13 +275,14 @@ fn typed_pass(
     let graphs_at_start = m.graphs.len();
     let mut memo = specialize::Memo::default();
     let dead_keys = dead_env_keys(m, graphs, bodies);
+    let children = nested_children(m, fv);
     let mut rw = Rewriter {
         m,
         opts,
         fv,
         bodies,
         recursive: &recursive,
-        children: HashMap::default(),
+        children,
         fwd: HashMap::default(),
         dirty: HashSet::default(),
         graphs_at_start,
@@ -302,6 +303,8 @@ fn typed_pass(
             graphs.len()
         );
     }
+    // First: copying needs graphs no rewrite has touched yet.
+    rw.split_by_signature(graphs, &types);
     rw.densify_backpropagators(graphs, &types);
     for g in graphs {
         // Inference's values of an escaped graph hold only for the calls

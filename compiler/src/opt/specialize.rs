@@ -9,10 +9,14 @@
 //! inside `h_f` the calls of `f` are direct calls, which inlining then
 //! removes. This is what lets a higher-order loop (`fold(f, acc, n)`) run
 //! without a closure call per iteration, in either pass of its gradient.
+//!
+//! The typed pass also copies a loop or recursive graph per signature
+//! its callers give it ([`Rewriter::split_by_signature`]).
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::Rewriter;
+use crate::infer::{AbsVal, Types};
 use crate::ir::{Const, GraphId, NodeId, NodeKind};
 use crate::prim::Prim;
 
@@ -140,5 +144,227 @@ impl Rewriter<'_> {
                 .map(|(_, a)| *a),
         );
         Some(self.m.add_apply(g, inputs, loc))
+    }
+}
+
+/// The most graphs [`Rewriter::split_by_signature`] copies in one typed
+/// pass.
+const MAX_SIGNATURE_COPIES: usize = 32;
+
+/// The dtypes and shapes of `vals`, as text (known values and weak types
+/// left out: code generation specialises on neither).
+fn signature<'a>(vals: impl Iterator<Item = &'a AbsVal>) -> String {
+    fn put(v: &AbsVal, out: &mut String) {
+        match v {
+            AbsVal::Tensor(t) => out.push_str(&format!("{:?}{:?}", t.dtype, t.shape)),
+            AbsVal::Tuple(items) => {
+                out.push('(');
+                items.iter().for_each(|i| put(i, out));
+                out.push(')');
+            }
+            AbsVal::Record(fields) => {
+                out.push('{');
+                for (name, i) in fields {
+                    out.push_str(name);
+                    put(i, out);
+                }
+                out.push('}');
+            }
+            other => out.push_str(&format!("{other:?}")),
+        }
+        out.push(' ');
+    }
+    let mut out = String::new();
+    vals.for_each(|v| put(v, &mut out));
+    out
+}
+
+impl Rewriter<'_> {
+    /// Gives a graph that is not inlined (a loop's header or exit, a
+    /// recursive function) and that its callers call with different types
+    /// one copy per further signature, so that each has one type per
+    /// value.
+    ///
+    /// Inference specialises a graph per signature, but the module keeps
+    /// one graph, whose values join the signatures' types: a loop called
+    /// both on a scalar and, under `vmap`, on a vector, or on f32 and f64
+    /// data, has values of no one shape, and code generation, which needs
+    /// static types, leaves it (and everything it calls) to the VM. Calls
+    /// from graphs with one signature, of graphs on a cycle of calls or
+    /// chosen by a `switch` (which inlining leaves), are grouped by the
+    /// callee's signature; the first group keeps the graph, every other
+    /// calls a copy of it with the graphs nested in it, whose own calls of
+    /// the graph (a loop's back edge) call the copy. Graphs the copies
+    /// call with one signature each are split by the next typed pass,
+    /// their callers having one signature then.
+    pub(super) fn split_by_signature(&mut self, graphs: &[GraphId], types: &Types) {
+        // External calls of each graph: (the callee's signature, caller,
+        // call).
+        type Site = (String, GraphId, NodeId);
+        let mut sites: HashMap<GraphId, Vec<Site>> = HashMap::default();
+        let mut chosen: HashSet<GraphId> = HashSet::default();
+        for &g in graphs {
+            if types.is_escaped(g) {
+                continue;
+            }
+            for &n in &self.bodies[&g] {
+                let (hs, by_switch) = self.called_graphs(n);
+                for h in hs {
+                    // The callee's types in every signature of the caller
+                    // (a loop's first trip and the next ones differ only
+                    // in known values and weak types): one, or no site.
+                    let mut sig: Option<String> = None;
+                    let mut one = true;
+                    for &id in types.specs_of(g) {
+                        for &c in types.spec(id).calls.get(&n).into_iter().flatten() {
+                            let cs = types.spec(c);
+                            if cs.graph != h {
+                                continue;
+                            }
+                            let here = signature(cs.args.iter().chain(cs.captures.iter()));
+                            match &sig {
+                                None => sig = Some(here),
+                                Some(s) => one &= *s == here,
+                            }
+                        }
+                    }
+                    let (Some(sig), true) = (sig, one) else {
+                        continue;
+                    };
+                    sites.entry(h).or_default().push((sig, g, n));
+                    if by_switch {
+                        chosen.insert(h);
+                    }
+                }
+            }
+        }
+        let mut callees: Vec<GraphId> = sites.keys().copied().collect();
+        callees.sort_by_key(|h| h.index());
+        let mut made = 0;
+        for h in callees {
+            if types.specs_of(h).len() < 2 || types.is_escaped(h) {
+                continue;
+            }
+            let nest = self.nest(h);
+            let on_cycle = nest.iter().any(|k| {
+                self.bodies
+                    .get(k)
+                    .is_some_and(|b| b.iter().any(|&n| self.called_graphs(n).0.contains(&h)))
+            });
+            if !on_cycle && !chosen.contains(&h) {
+                continue;
+            }
+            let outside: Vec<Site> = sites[&h]
+                .iter()
+                .filter(|(_, g, _)| !nest.contains(g))
+                .cloned()
+                .collect();
+            let mut sigs: Vec<&str> = Vec::new();
+            for (s, _, _) in &outside {
+                if !sigs.contains(&s.as_str()) {
+                    sigs.push(s);
+                }
+            }
+            let nparams = self.m.graph(h).params.len();
+            for sig in sigs.iter().skip(1) {
+                if made >= MAX_SIGNATURE_COPIES || !self.can_inline_body(h, nparams) {
+                    break;
+                }
+                made += 1;
+                let copy = self.copy_of(h);
+                for (_, g, n) in outside.iter().filter(|(s, _, _)| s == sig) {
+                    self.redirect(*g, *n, h, copy);
+                }
+                self.stats.specialized += 1;
+            }
+        }
+    }
+
+    /// The graphs call `n` may call: `@h(..)`, or one of the graphs of
+    /// `switch(c, @a, @b)(..)` (then also `true`).
+    fn called_graphs(&self, n: NodeId) -> (Vec<GraphId>, bool) {
+        let Some(&c) = self.m.inputs(n).first() else {
+            return (Vec::new(), false);
+        };
+        if self.m.applied_prim(n).is_some() {
+            return (Vec::new(), false);
+        }
+        let c = self.resolve(c);
+        if let Some(Const::Graph(h)) = self.m.as_const(c) {
+            return (vec![*h], false);
+        }
+        match self.m.graph_switch(c) {
+            Some((_, a, b)) => (vec![a, b], true),
+            None => (Vec::new(), false),
+        }
+    }
+
+    /// Makes call `n` (in `g`) call `copy` where it called `h`: directly,
+    /// or as the graph its `switch` chooses.
+    fn redirect(&mut self, g: GraphId, n: NodeId, h: GraphId, copy: GraphId) {
+        let n = self.resolve(n);
+        let loc = self.m.node(n).loc;
+        let mut inputs = self.m.inputs(n).to_vec();
+        let head = self.resolve(inputs[0]);
+        let to_copy = |rw: &mut Self, x: NodeId| -> NodeId {
+            if rw.m.as_const(x) == Some(&Const::Graph(h)) {
+                rw.m.add_const(Const::Graph(copy), loc)
+            } else {
+                x
+            }
+        };
+        if self.m.as_const(head) == Some(&Const::Graph(h)) {
+            inputs[0] = to_copy(self, head);
+        } else {
+            let sw: Vec<NodeId> = self.m.inputs(head).to_vec();
+            let sw: Vec<NodeId> = sw
+                .into_iter()
+                .map(|x| to_copy(self, self.resolve(x)))
+                .collect();
+            let hloc = self.m.node(head).loc;
+            inputs[0] = self.m.add_apply(g, sw, hloc);
+        }
+        let call = self.m.add_apply(g, inputs, loc);
+        self.replace(g, n, call);
+    }
+    /// A copy of `h` and the graphs nested in it, whose uses of `h` are
+    /// uses of the copy.
+    fn copy_of(&mut self, h: GraphId) -> GraphId {
+        let hg = self.m.graph(h).clone();
+        let c = self.m.add_graph_as(hg.name.clone(), hg.loc, hg.role);
+        let mut params = Vec::with_capacity(hg.params.len());
+        for (p, name) in hg.params.iter().zip(&hg.param_names) {
+            let loc = self.m.node(*p).loc;
+            params.push(self.m.add_param(c, name.clone(), loc));
+        }
+        let first = self.m.nodes.len();
+        let out = self.inline_at(c, hg.loc, h, &params);
+        self.m.set_output(c, out);
+        let mut own: Option<NodeId> = None;
+        for i in first..self.m.nodes.len() {
+            let n = NodeId(i as u32);
+            let NodeKind::Apply(ins) = &self.m.node(n).kind else {
+                continue;
+            };
+            if !ins
+                .iter()
+                .any(|i| self.m.as_const(*i) == Some(&Const::Graph(h)))
+            {
+                continue;
+            }
+            let mut ins = ins.clone();
+            for i in ins.iter_mut() {
+                if self.m.as_const(*i) == Some(&Const::Graph(h)) {
+                    let loc = self.m.node(*i).loc;
+                    *i = *own.get_or_insert_with(|| self.m.add_const(Const::Graph(c), loc));
+                }
+            }
+            self.m.node_mut(n).kind = NodeKind::Apply(ins);
+        }
+        if let Some(d) = self.m.dropped_params.get(&h).copied() {
+            self.m.dropped_params.insert(c, d);
+        }
+        self.changed += self.m.nodes.len() - first;
+        c
     }
 }
