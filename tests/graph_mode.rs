@@ -1312,3 +1312,32 @@ fn main() {
     assert_eq!(kernels.matches("scalar loop over").count(), 3, "{kernels}");
     assert_eq!(run(Mode::Graph, SRC), run(Mode::Eager, SRC));
 }
+
+/// A loop called directly and under `vmap`: the `vmap` call's lanes no
+/// longer reach the direct call's graphs (the typed pass splits the
+/// loop's graphs by whether their arguments have lanes, and the lane
+/// analysis follows a `switch`'s two graphs instead of every graph used
+/// as a value), so the direct call is a native loop again.
+#[test]
+fn a_loop_also_called_under_vmap_stays_native() {
+    const SRC: &str = "\
+fn f(seq, w) {
+    let mut acc = 0.0;
+    for t in 0..shape(seq).0 {
+        acc = acc * 0.9 + tanh(w * seq[t]);
+    }
+    acc
+}
+fn main() {
+    let seq = sin(arange(1000, dtype = f64));
+    print(f(seq, 0.3));
+    print(vmap(|w| f(seq, w))([0.1, 0.2]));
+}
+";
+    let s = Session::new(Mode::Graph)
+        .load_source("vmapped.adj", SRC)
+        .unwrap();
+    let kernels = s.emit_kernels("main").unwrap();
+    assert!(kernels.contains("scalar loop over"), "{kernels}");
+    assert_eq!(run(Mode::Graph, SRC), run(Mode::Eager, SRC));
+}

@@ -34,7 +34,7 @@
 
 pub mod epilogue;
 pub mod form;
-mod lanes;
+pub(crate) mod lanes;
 pub mod matmul;
 pub mod order;
 mod reverse;

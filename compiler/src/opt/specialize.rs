@@ -204,9 +204,6 @@ impl Rewriter<'_> {
         let mut sites: HashMap<GraphId, Vec<Site>> = HashMap::default();
         let mut chosen: HashSet<GraphId> = HashSet::default();
         for &g in graphs {
-            if types.is_escaped(g) {
-                continue;
-            }
             for &n in &self.bodies[&g] {
                 let (hs, by_switch) = self.called_graphs(n);
                 for h in hs {
@@ -238,27 +235,36 @@ impl Rewriter<'_> {
                 }
             }
         }
+        // Only graphs that more than one call from outside them may need
+        // copies.
+        sites.retain(|h, v| {
+            let nest = self.nest(*h);
+            v.retain(|(_, g, _)| !nest.contains(g));
+            v.len() > 1 && (chosen.contains(h) || self.on_cycle(*h, &nest))
+        });
+        if sites.is_empty() {
+            return;
+        }
+        // Values with `vmap` lanes: fusion leaves the graphs that see them
+        // to the VM, so a loop called with and without lanes is split too.
+        let (lanes, _) = crate::fuse::lanes::lane_nodes(self.m, graphs, self.bodies);
+        for (sig, _, n) in sites.values_mut().flatten() {
+            for &a in &self.m.inputs(*n)[1..] {
+                sig.push(if lanes.contains(&self.resolve(a)) {
+                    'L'
+                } else {
+                    '.'
+                });
+            }
+        }
         let mut callees: Vec<GraphId> = sites.keys().copied().collect();
         callees.sort_by_key(|h| h.index());
         let mut made = 0;
         for h in callees {
-            if types.specs_of(h).len() < 2 || types.is_escaped(h) {
+            if types.is_escaped(h) {
                 continue;
             }
-            let nest = self.nest(h);
-            let on_cycle = nest.iter().any(|k| {
-                self.bodies
-                    .get(k)
-                    .is_some_and(|b| b.iter().any(|&n| self.called_graphs(n).0.contains(&h)))
-            });
-            if !on_cycle && !chosen.contains(&h) {
-                continue;
-            }
-            let outside: Vec<Site> = sites[&h]
-                .iter()
-                .filter(|(_, g, _)| !nest.contains(g))
-                .cloned()
-                .collect();
+            let outside: Vec<Site> = sites[&h].clone();
             let mut sigs: Vec<&str> = Vec::new();
             for (s, _, _) in &outside {
                 if !sigs.contains(&s.as_str()) {
@@ -278,6 +284,15 @@ impl Rewriter<'_> {
                 self.stats.specialized += 1;
             }
         }
+    }
+
+    /// Whether a graph of `nest` (the graphs nested in `h`) calls `h`.
+    fn on_cycle(&self, h: GraphId, nest: &[GraphId]) -> bool {
+        nest.iter().any(|k| {
+            self.bodies
+                .get(k)
+                .is_some_and(|b| b.iter().any(|&n| self.called_graphs(n).0.contains(&h)))
+        })
     }
 
     /// The graphs call `n` may call: `@h(..)`, or one of the graphs of
