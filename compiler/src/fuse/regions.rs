@@ -607,7 +607,9 @@ impl Cx<'_> {
         }
         for &p in self.fv.get(g) {
             let sh = self.shape(p)?;
-            (sh.elem().is_some() || matches!(sh, Shape::Buffer(..))).then_some(())?;
+            // (A symbolic zero, forward mode's tangent of a constant, is
+            // no machine value.)
+            (sh.elem().is_some() || matches!(sh, Shape::Buffer(..) | Shape::Zero)).then_some(())?;
         }
         (!self.shape(out)?.has_buffer()).then_some(())?;
         let body = self.body(g);
@@ -771,6 +773,26 @@ impl Cx<'_> {
                 (x.elem()?.0 == result.elem()?.0 && x.width() == result.width()).then_some(())?;
             }
             Prim::Zero => (result == Shape::Zero).then_some(())?,
+            // A derivative made concrete for a value of the result's type
+            // (the runtime's `finalize`): zeros for a symbolic zero or a
+            // value without derivatives, else the derivative cast.
+            Prim::GradFinalize => {
+                let (r, _) = result.elem()?;
+                let x = self.shape(ins[1])?;
+                (x.elem()?.0 == r && x.dims()? == result.dims()?).then_some(())?;
+                if self.shape(ins[0]) != Some(Shape::Zero) {
+                    self.elem_dtype(ins[0])?;
+                    (self.dims_of(ins[0])? == result.dims()?).then_some(())?;
+                }
+            }
+            // Constants of the operand's type (forward mode's dense zero
+            // tangents).
+            Prim::ZerosLike | Prim::OnesLike => {
+                let (r, _) = result.elem()?;
+                (self.elem_dtype(ins[0])?.0 == r.dtype()
+                    && self.dims_of(ins[0])? == result.dims()?)
+                .then_some(())?;
+            }
             // A marked free variable of a reversed loop: the key's
             // parameter.
             Prim::AdKey if !self.stacks.param.is_empty() => {
@@ -1185,12 +1207,12 @@ pub(super) fn scalar_groups(
                     }
                 };
                 native.extend(r.order.iter().copied());
-                let mut inputs: Vec<NodeId> = args
+                let inputs: Vec<NodeId> = args
                     .iter()
+                    .chain(fv.get(g))
                     .copied()
                     .filter(|a| !matches!(cx.shape(*a), Some(Shape::Io | Shape::Zero)))
                     .collect();
-                inputs.extend(fv.get(g).iter().copied());
                 add_call_group(
                     plan,
                     m,
@@ -1826,6 +1848,22 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
                     }
                 }
                 Prim::Zero => Vec::new(),
+                Prim::GradFinalize => {
+                    let (t, _) = shape.elem()?;
+                    let dims = shape.dims()?.to_vec();
+                    if cx.shape(ins[1]) == Some(Shape::Zero) || !t.is_float() {
+                        let zero = self.push(SOp::Const(Scalar::F64(0.0).cast(t)), vec![t])[0];
+                        vec![zero; shape.width()]
+                    } else {
+                        self.lanes(ins[1], t, &dims)?
+                    }
+                }
+                Prim::ZerosLike | Prim::OnesLike => {
+                    let (t, _) = shape.elem()?;
+                    let one = if p == Prim::OnesLike { 1.0 } else { 0.0 };
+                    let c = self.push(SOp::Const(Scalar::F64(one).cast(t)), vec![t])[0];
+                    vec![c; shape.width()]
+                }
                 Prim::Cast => {
                     let (t, _) = shape.elem()?;
                     let dims = shape.dims()?.to_vec();

@@ -282,7 +282,12 @@ pub(super) fn reverse_groups(
                 .copied()
                 .filter(|a| cx.shape(*a) != Some(Shape::Zero))
                 .collect();
-            inputs.extend(fv.get(g).iter().copied());
+            inputs.extend(
+                fv.get(g)
+                    .iter()
+                    .copied()
+                    .filter(|u| cx.shape(*u) != Some(Shape::Zero)),
+            );
             inputs.extend(b.key_inputs.iter().copied());
             let name = &m.graph(g).name;
             let ms = |c: &CompiledScalar| c.compile_time().as_secs_f64() * 1e3;
@@ -714,7 +719,11 @@ fn build(
         .filter(|s| *s != Shape::Zero)
         .collect();
     for &u in fv.get(g) {
-        inputs.push(cx.shape(u).ok_or("a free variable of unknown type")?);
+        match cx.shape(u).ok_or("a free variable of unknown type")? {
+            // (no machine value)
+            Shape::Zero => {}
+            sh => inputs.push(sh),
+        }
     }
     inputs.extend(keys.iter().map(|(_, s)| s.clone()));
     let (orig, count) = m.original_params(g);
