@@ -305,6 +305,7 @@ fn typed_pass(
     }
     // First: copying needs graphs no rewrite has touched yet.
     rw.split_by_signature(graphs, &types);
+    rw.densify_loop_tangents(graphs, &types);
     rw.densify_backpropagators(graphs, &types);
     for g in graphs {
         // Inference's values of an escaped graph hold only for the calls

@@ -371,3 +371,90 @@ fn same_structure(tys: &[AbsVal], leaves: &mut usize, max: usize) -> bool {
         _ => false,
     }
 }
+
+impl Rewriter<'_> {
+    /// Makes the symbolic zero that enters a forward-mode loop as the
+    /// tangent of a carry a dense zero of the tangent's type, when the
+    /// loop's own trips pass a dense one.
+    ///
+    /// `F(loop)(a.., da..)` called from outside with `da_k = zero()`
+    /// (`let mut acc = 0.0` before the loop: a constant has no tangent)
+    /// and from its body with a float tensor gives the parameter no one
+    /// type: the values of the loop's graphs are then unknown, and code
+    /// generation leaves the loop to the VM. A dense zero of the body's
+    /// type (`cast(zeros_like(a_k), dtype)`) has the same value.
+    pub(super) fn densify_loop_tangents(&mut self, graphs: &[GraphId], types: &Types) {
+        for &g in graphs {
+            if !types.holds_for_every_call(g) {
+                continue;
+            }
+            for &n in &self.bodies[&g] {
+                let NodeKind::Apply(inputs) = &self.m.node(n).kind else {
+                    continue;
+                };
+                let Some(Const::Graph(h)) = self.m.as_const(self.resolve(inputs[0])).cloned()
+                else {
+                    continue;
+                };
+                let graph = self.m.graph(h);
+                let np = graph.params.len();
+                if graph.role != crate::ir::GraphRole::Tangent
+                    || np % 2 != 0
+                    || inputs.len() != np + 1
+                    || types.is_escaped(h)
+                {
+                    continue;
+                }
+                let params = graph.params.clone();
+                let mut inputs = inputs.clone();
+                let mut changed = false;
+                for k in np / 2..np {
+                    let arg = self.resolve(inputs[1 + k]);
+                    if types.exact_value_of(arg) != Some(AbsVal::Zero)
+                        && self.m.applied_prim(arg) != Some(Prim::Zero)
+                    {
+                        continue;
+                    }
+                    // The dense type the loop's other calls give it.
+                    let mut dense: Option<crate::infer::AbsTensor> = None;
+                    let mut one = true;
+                    for &id in types.specs_of(h) {
+                        match types.spec(id).values.get(&params[k]) {
+                            Some(AbsVal::Tensor(t)) if t.dtype.is_float() => match &dense {
+                                None => dense = Some(t.clone()),
+                                Some(d) => one &= d.dtype == t.dtype && d.shape == t.shape,
+                            },
+                            Some(AbsVal::Zero) => {}
+                            _ => one = false,
+                        }
+                    }
+                    let (Some(t), true) = (dense, one) else {
+                        continue;
+                    };
+                    // The primal it is the tangent of has its shape.
+                    let primal = self.resolve(inputs[1 + k - np / 2]);
+                    let literal = matches!(
+                        self.m.as_const(primal),
+                        Some(Const::Float(_) | Const::Int(_))
+                    );
+                    match types.value_of(primal) {
+                        Some(AbsVal::Tensor(p)) if p.shape == t.shape => {}
+                        None if literal && t.shape.is_empty() => {}
+                        _ => continue,
+                    }
+                    let loc = self.m.node(n).loc;
+                    let z = self.m.add_prim(g, Prim::ZerosLike, &[primal], loc);
+                    let d = self.m.add_const(Const::DType(t.dtype), loc);
+                    inputs[1 + k] = self.m.add_prim(g, Prim::Cast, &[z, d], loc);
+                    changed = true;
+                }
+                if changed {
+                    let loc = self.m.node(n).loc;
+                    let call = self.m.add_apply(g, inputs, loc);
+                    self.replace(g, n, call);
+                    self.stats.simplified += 1;
+                }
+            }
+        }
+    }
+}
