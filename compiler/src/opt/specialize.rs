@@ -190,9 +190,11 @@ impl Rewriter<'_> {
     /// both on a scalar and, under `vmap`, on a vector, or on f32 and f64
     /// data, has values of no one shape, and code generation, which needs
     /// static types, leaves it (and everything it calls) to the VM. Calls
-    /// from graphs with one signature, of graphs on a cycle of calls or
-    /// chosen by a `switch` (which inlining leaves), are grouped by the
-    /// callee's signature; the first group keeps the graph, every other
+    /// of graphs on a cycle of calls or chosen by a `switch` (which
+    /// inlining leaves), from outside them, are grouped by the callee's
+    /// dtypes and shapes (one in every signature of the caller, else the
+    /// call is left alone) and by which arguments have `vmap` lanes (which
+    /// fusion leaves to the VM too); the first group keeps the graph, every other
     /// calls a copy of it with the graphs nested in it, whose own calls of
     /// the graph (a loop's back edge) call the copy. Graphs the copies
     /// call with one signature each are split by the next typed pass,
