@@ -399,7 +399,7 @@ impl Rewriter<'_> {
                 let graph = self.m.graph(h);
                 let np = graph.params.len();
                 if graph.role != crate::ir::GraphRole::Tangent
-                    || np % 2 != 0
+                    || !np.is_multiple_of(2)
                     || inputs.len() != np + 1
                     || types.is_escaped(h)
                 {
