@@ -238,6 +238,30 @@ impl Shape {
         }
     }
 
+    /// Whether it is made of scalars and small tensors only (a value a
+    /// region's functions take as parameters).
+    pub(super) fn is_value(&self) -> bool {
+        match self {
+            Shape::Scalar(..) | Shape::Tensor(..) => true,
+            Shape::Tuple(items) => items.iter().all(Shape::is_value),
+            _ => false,
+        }
+    }
+
+    /// Whether values of shapes `self` and `other` have the same scalars
+    /// in the same order (types and axes; weak types aside).
+    pub(super) fn same_layout(&self, other: &Shape) -> bool {
+        match (self, other) {
+            (Shape::Scalar(x, _), Shape::Scalar(y, _)) => x == y,
+            (Shape::Tensor(x, _, d), Shape::Tensor(y, _, e)) => x == y && d == e,
+            (Shape::Tuple(xs), Shape::Tuple(ys)) => {
+                xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| x.same_layout(y))
+            }
+            (Shape::Io, Shape::Io) | (Shape::Zero, Shape::Zero) => true,
+            _ => false,
+        }
+    }
+
     /// Whether it is or holds a [`Shape::Buffer`].
     pub(super) fn has_buffer(&self) -> bool {
         match self {
@@ -602,8 +626,17 @@ impl Cx<'_> {
         let out = graph.output?;
         for &p in &graph.params {
             let sh = self.shape(p)?;
-            (sh.elem().is_some() || matches!(sh, Shape::Io | Shape::Stack | Shape::Zero))
-                .then_some(())?;
+            (sh.is_value() || matches!(sh, Shape::Io | Shape::Stack | Shape::Zero)).then_some(())?;
+            // A tuple whose items change type from one call to the next
+            // (weak ints on a loop's first trip, floats after it: `adopt`
+            // makes only bare literals floats) has a joined type no one
+            // call has.
+            if let Shape::Tuple(_) = sh {
+                for &id in types.specs_of(g) {
+                    let v = types.spec(id).values.get(&p).and_then(Shape::of)?;
+                    v.same_layout(&sh).then_some(())?;
+                }
+            }
         }
         for &p in self.fv.get(g) {
             let sh = self.shape(p)?;
@@ -1238,6 +1271,9 @@ pub(super) fn entry_types_match(cx: &Cx, n: NodeId, g: GraphId) -> bool {
             if let Some(sh @ (Shape::Io | Shape::Zero)) = cx.shape(*p) {
                 return cx.shape(*a) == Some(sh);
             }
+            if let Some(sh @ Shape::Tuple(_)) = cx.shape(*p) {
+                return cx.shape(*a).is_some_and(|s| s.same_layout(&sh));
+            }
             match (cx.elem_dtype(*a), cx.elem_dtype(*p)) {
                 (Some(x), Some(y)) => x.0 == y.0 && cx.dims_of(*a) == cx.dims_of(*p),
                 _ => false,
@@ -1578,6 +1614,12 @@ impl<'a, 'c> FuncBuilder<'a, 'c> {
             }
             if shape == Shape::Zero {
                 (self.cx.shape(a)? == Shape::Zero).then_some(())?;
+                continue;
+            }
+            if let Shape::Tuple(_) = shape {
+                // Scalar by scalar, in the parameter's layout.
+                self.cx.shape(a)?.same_layout(&shape).then_some(())?;
+                vs.extend(self.values(a, &shape)?);
                 continue;
             }
             let (t, _) = shape.elem()?;
@@ -2003,6 +2045,15 @@ pub(super) fn flat_args(
     for (a, sh) in args.iter().zip(shapes) {
         let wrong = || RtError::internal(format!("{name}: an argument is not a {sh:?}"));
         match sh {
+            Shape::Tuple(items) => {
+                let Value::Tuple(vs) = a else {
+                    return Err(wrong());
+                };
+                if vs.len() != items.len() {
+                    return Err(wrong());
+                }
+                out.extend(flat_args(name, vs, items)?);
+            }
             Shape::Scalar(t, _) => out.extend(scalar_args(name, std::slice::from_ref(a), &[*t])?),
             Shape::Tensor(t, _, dims) => {
                 let Value::Tensor(x) = a else {
