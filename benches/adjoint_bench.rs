@@ -103,11 +103,14 @@ struct Case {
     paired: bool,
 }
 
+/// The Adjoint expression that loads `benches/data/DIR/FILE`.
+fn load_npy(root: &Path, dir: &str, file: &str) -> String {
+    let p = root.join("benches/data").join(dir).join(file);
+    format!("load_npy({:?})", p.display().to_string())
+}
+
 fn gmm_entry(root: &Path, set: &str, function: &str) -> String {
-    let file = |f: &str| {
-        let p = root.join("benches/data/gmm").join(set).join(f);
-        format!("load_npy({:?})", p.display().to_string())
-    };
+    let file = |f: &str| load_npy(root, &format!("gmm/{set}"), f);
     format!(
         "    print(\"start\");\n    let w = {};\n    {function}({}, {}, {}, {}, w[0], w[1], REPS);\n",
         file("wishart.npy"),
@@ -166,10 +169,7 @@ fn cases(root: &Path) -> Vec<Case> {
             paired: true,
         });
     }
-    let lstm = |f: &str| {
-        let p = root.join("benches/data/lstm/l2_c1024").join(f);
-        format!("load_npy({:?})", p.display().to_string())
-    };
+    let lstm = |f: &str| load_npy(root, "lstm/l2_c1024", f);
     v.push(Case {
         name: "lstm",
         what: "ADBench LSTM objective + gradient, f64, 2 layers, 1024 characters".to_string(),
@@ -184,10 +184,7 @@ fn cases(root: &Path) -> Vec<Case> {
         compile: true,
         paired: false,
     });
-    let ba = |f: &str| {
-        let p = root.join("benches/data/ba/n49").join(f);
-        format!("load_npy({:?})", p.display().to_string())
-    };
+    let ba = |f: &str| load_npy(root, "ba/n49", f);
     v.push(Case {
         name: "ba",
         what: "ADBench bundle adjustment objective + gradient, f64, n49".to_string(),

@@ -56,6 +56,15 @@ fn run_failing(mode: Mode, name: &str, src: &str) -> (String, SessionError) {
 }
 
 /// The optimised IR of `main` of `src` (loaded as `name`).
+/// The kernels graph mode compiles for `main` of `src`.
+fn kernels_of(name: &str, src: &str) -> String {
+    Session::new(Mode::Graph)
+        .load_source(name, src)
+        .unwrap()
+        .emit_kernels("main")
+        .unwrap()
+}
+
 fn opt_ir(name: &str, src: &str) -> String {
     let s = Session::new(Mode::Graph).load_source(name, src).unwrap();
     s.emit_opt(Some("main")).unwrap()
@@ -1261,10 +1270,7 @@ fn main() {
     print(grad(walk, argnums = (1,))(seq, w));
 }
 ";
-    let s = Session::new(Mode::Graph)
-        .load_source("in_place.adj", SRC)
-        .unwrap();
-    let kernels = s.emit_kernels("main").unwrap();
+    let kernels = kernels_of("in_place.adj", SRC);
     assert!(
         kernels.contains("f64[1000, 2] in place"),
         "the forward loop: {kernels}"
@@ -1299,10 +1305,7 @@ fn main() {
     print(grad(|x| f(x, n))(0.3), grad(|x| sum(f(x, n)))([0.1, 0.2]));
 }
 ";
-    let s = Session::new(Mode::Graph)
-        .load_source("signatures.adj", SRC)
-        .unwrap();
-    let kernels = s.emit_kernels("main").unwrap();
+    let kernels = kernels_of("signatures.adj", SRC);
     assert_eq!(
         kernels.matches("reverse of scalar loop").count(),
         2,
@@ -1334,10 +1337,7 @@ fn main() {
     print(vmap(|w| f(seq, w))([0.1, 0.2]));
 }
 ";
-    let s = Session::new(Mode::Graph)
-        .load_source("vmapped.adj", SRC)
-        .unwrap();
-    let kernels = s.emit_kernels("main").unwrap();
+    let kernels = kernels_of("vmapped.adj", SRC);
     assert!(kernels.contains("scalar loop over"), "{kernels}");
     assert_eq!(run(Mode::Graph, SRC), run(Mode::Eager, SRC));
 }
@@ -1367,10 +1367,7 @@ fn main() {
     print(jvp(|w| f(seq, w), (0.3,), (1.0,)));
 }
 ";
-    let s = Session::new(Mode::Graph)
-        .load_source("tangent_loops.adj", SRC)
-        .unwrap();
-    let kernels = s.emit_kernels("main").unwrap();
+    let kernels = kernels_of("tangent_loops.adj", SRC);
     assert!(kernels.contains("scalar loop over"), "{kernels}");
     assert!(kernels.contains("@F.f.for"), "{kernels}");
     assert_eq!(run(Mode::Graph, SRC), run(Mode::Eager, SRC));

@@ -114,27 +114,21 @@ def read_ba(path):
     }
 
 
+def save(folder, arrays):
+    """Writes each array to `folder/<key>.npy` (under this folder) and
+    prints their shapes."""
+    out = os.path.join(HERE, folder)
+    os.makedirs(out, exist_ok=True)
+    for key, arr in arrays.items():
+        np.save(os.path.join(out, key + ".npy"), np.ascontiguousarray(arr))
+    print(f"{folder}: " + ", ".join(f"{k}{list(v.shape)}" for k, v in arrays.items()))
+
+
 def main():
-    arrays = read_ba(os.path.join(HERE, "ba", "ba1_n49_m7776_p31843.txt"))
-    out = os.path.join(HERE, "ba", "n49")
-    os.makedirs(out, exist_ok=True)
-    for key, arr in arrays.items():
-        np.save(os.path.join(out, key + ".npy"), np.ascontiguousarray(arr))
-    print("ba/n49: " + ", ".join(f"{k}{list(v.shape)}" for k, v in arrays.items()))
-    arrays = read_lstm(os.path.join(HERE, "lstm", "lstm_l2_c1024.txt"))
-    out = os.path.join(HERE, "lstm", "l2_c1024")
-    os.makedirs(out, exist_ok=True)
-    for key, arr in arrays.items():
-        np.save(os.path.join(out, key + ".npy"), np.ascontiguousarray(arr))
-    print("lstm/l2_c1024: " + ", ".join(f"{k}{list(v.shape)}" for k, v in arrays.items()))
+    save("ba/n49", read_ba(os.path.join(HERE, "ba", "ba1_n49_m7776_p31843.txt")))
+    save("lstm/l2_c1024", read_lstm(os.path.join(HERE, "lstm", "lstm_l2_c1024.txt")))
     for name, rel in INPUTS.items():
-        arrays = read_gmm(os.path.join(HERE, rel))
-        out = os.path.join(HERE, "gmm", name)
-        os.makedirs(out, exist_ok=True)
-        for key, arr in arrays.items():
-            np.save(os.path.join(out, key + ".npy"), np.ascontiguousarray(arr))
-        shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in arrays.items())
-        print(f"gmm/{name}: {shapes}")
+        save(f"gmm/{name}", read_gmm(os.path.join(HERE, rel)))
     return 0
 
 

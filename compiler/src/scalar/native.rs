@@ -581,11 +581,7 @@ const TIER_INSTS: usize = 400;
 /// Compiles `program` (which must validate) with the optimising register
 /// allocator.
 pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, CodegenError> {
-    original.validate().map_err(CodegenError::Backend)?;
-    let _s = stage!("Cranelift: scalar loop");
-    let t0 = Instant::now();
-    let code = emit(original, false)?;
-    Ok(CompiledScalar::new(original, code, true, t0.elapsed()))
+    compile_tier(original, false)
 }
 
 /// Compiles `program` (which must validate); a long one first with the
@@ -597,14 +593,17 @@ pub fn compile_scalar(original: &ScalarProgram) -> Result<CompiledScalar, Codege
 /// optimised.
 pub fn compile_tiered(original: &ScalarProgram) -> Result<CompiledScalar, CodegenError> {
     let insts: usize = original.funcs.iter().map(|f| f.body.len()).sum();
-    if insts <= TIER_INSTS {
-        return compile_scalar(original);
-    }
+    compile_tier(original, insts > TIER_INSTS)
+}
+
+/// Compiles `original` with the quick or the optimising register
+/// allocator.
+fn compile_tier(original: &ScalarProgram, quick: bool) -> Result<CompiledScalar, CodegenError> {
     original.validate().map_err(CodegenError::Backend)?;
     let _s = stage!("Cranelift: scalar loop");
     let t0 = Instant::now();
-    let code = emit(original, true)?;
-    Ok(CompiledScalar::new(original, code, false, t0.elapsed()))
+    let code = emit(original, quick)?;
+    Ok(CompiledScalar::new(original, code, !quick, t0.elapsed()))
 }
 
 /// [`compile_scalar_cached`]'s second tier for `c`, when it was compiled
