@@ -144,12 +144,24 @@ impl Program {
         if !lowered.ad_requests.is_empty() {
             let _s = stage!("differentiate");
             let requests = std::mem::take(&mut lowered.ad_requests);
+            // Derivatives differentiated again are simplified first, by
+            // the optimiser's untyped rounds.
+            let internal_files: Vec<u32> = lowered.stdlib_files.iter().map(|f| f.0).collect();
+            let simplify = |sub: &mut crate::ir::Module, root: GraphId| {
+                let opts = crate::opt::Options {
+                    internal_files: internal_files.clone(),
+                    to_differentiate: true,
+                    ..crate::opt::Options::default()
+                };
+                crate::opt::optimize(sub, &[root], &opts);
+            };
             let checks = crate::ad::run(
                 &mut lowered.module,
                 &requests,
                 &lowered.ad_rules,
                 &lowered.effectful,
                 &mut lowered.ad_provenance,
+                Some(&simplify),
             )
             .map_err(|e| {
                 let mut d = located(e.message, e.loc, root);

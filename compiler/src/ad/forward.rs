@@ -241,6 +241,7 @@ impl Ad<'_> {
     /// `F(f)`: `f`'s parameters, then one tangent per parameter; returns
     /// `(value, tangent)`.
     pub(super) fn fwd_graph(&mut self, f: GraphId, at: Loc) -> R<GraphId> {
+        let f = self.substitute(f);
         let closed = self.fv.get(f).is_empty();
         // What the free variables stand for: their primal and tangent
         // values in the transform being built.

@@ -275,16 +275,30 @@ pub fn env_key(prov: &Provenance, n: NodeId, f_level: usize) -> i64 {
     ((code << 32) | u64::from(k.0)) as i64
 }
 
+/// Simplifies the graphs reachable from a root, in a module of their own
+/// (the optimiser's untyped rounds: the pipeline passes it down).
+pub type Simplify<'a> = &'a dyn Fn(&mut Module, GraphId);
+
 /// Builds every requested graph. Returns checks that need types (the
 /// differentiated arguments must be floats; `grad` needs a scalar result).
+///
+/// With `simplify`, a derivative that is differentiated again (a built
+/// request's target, a directional derivative of the symmetric
+/// transforms) is differentiated as a simplified copy: transforming the
+/// transforms' own machinery (zero guards, environments, tuples of
+/// backpropagators) multiplied the size of each further order by about
+/// five; the simplified copy of a derivative is about the size of the
+/// derivative's arithmetic.
 pub fn run(
     m: &mut Module,
     requests: &[AdRequest],
     rules: &Rules,
     effectful: &HashSet<GraphId>,
     prov: &mut Provenance,
+    simplify: Option<Simplify<'_>>,
 ) -> Result<Vec<Check>, AdError> {
     let mut ad = Ad::new(m, rules, effectful, prov);
+    ad.simplify = simplify;
     ad.requests = requests.iter().map(|r| (r.target, r.clone())).collect();
     // A request may differentiate a function that contains another request's
     // target: build the inner ones first.
@@ -307,6 +321,7 @@ pub fn run(
         };
         let i = pending.remove(pos);
         ad.build(&requests[i])?;
+        ad.built.insert(requests[i].target);
     }
     Ok(ad.checks)
 }
@@ -371,6 +386,18 @@ struct Ad<'a> {
     /// target may use symmetry ([`symmetric`]).
     requests: HashMap<GraphId, AdRequest>,
     checks: Vec<Check>,
+    /// See [`run`].
+    simplify: Option<Simplify<'a>>,
+    /// The targets of the requests built so far.
+    built: HashSet<GraphId>,
+    /// A derivative → the simplified copy differentiated in its place
+    /// (itself where none could be made).
+    simplified: HashMap<GraphId, GraphId>,
+    /// Nodes known to hold no function (the cotangents the symmetric
+    /// transforms capture): used as they are from outside, not lifted
+    /// (a lift would keep the transforms of the next order from being
+    /// simplified).
+    plain: HashSet<NodeId>,
 }
 
 impl<'a> Ad<'a> {
@@ -408,14 +435,122 @@ impl<'a> Ad<'a> {
             loop_external: Vec::new(),
             requests: HashMap::new(),
             checks: Vec::new(),
+            simplify: None,
+            built: HashSet::new(),
+            simplified: HashMap::new(),
+            plain: HashSet::new(),
         }
+    }
+
+    /// The graph to transform in place of `f`: for a built request's
+    /// target that the symmetric transforms do not take, its simplified
+    /// copy ([`Ad::simplified`]).
+    fn substitute(&mut self, f: GraphId) -> GraphId {
+        if self.built.contains(&f) && self.grad_target(f).is_none() {
+            self.simplified(f)
+        } else {
+            f
+        }
+    }
+
+    /// A simplified copy of `f`, a derivative built before (see [`run`]),
+    /// or `f` itself: without a simplifier, or when what `f` reaches is not
+    /// closed, uses a custom rule (inlining would lose it), does IO or
+    /// differentiates at run time.
+    fn simplified(&mut self, f: GraphId) -> GraphId {
+        if let Some(c) = self.simplified.get(&f) {
+            return *c;
+        }
+        let c = self.simplified_copy(f).unwrap_or(f);
+        self.simplified.insert(f, c);
+        c
+    }
+
+    fn simplified_copy(&mut self, f: GraphId) -> Option<GraphId> {
+        let body_size = |m: &Module, r: GraphId| {
+            let fv = free_variables(m);
+            reachable_graphs(m, &[r])
+                .iter()
+                .map(|g| graph_body_with(m, *g, &fv).len())
+                .sum::<usize>()
+        };
+        let simplify = self.simplify?;
+        let custom: HashSet<GraphId> = self.rules.user.iter().flat_map(|(g, r)| [*g, *r]).collect();
+        let fv = free_variables(self.m);
+        let set: HashSet<GraphId> = reachable_graphs(self.m, &[f]).into_iter().collect();
+        for &g in &set {
+            if custom.contains(&g) || self.effectful.contains(&g) {
+                return None;
+            }
+            // A transform made at run time (of a function value lifted or
+            // differentiated there) reads the provenance of its graph's
+            // nodes, which the copies do not have: only values from outside
+            // the set may be transformed so.
+            let dynamic = graph_body_with(self.m, g, &fv).iter().any(|n| {
+                matches!(self.m.applied_prim(*n), Some(Prim::AdDyn | Prim::AdLift)) && {
+                    let v = self.m.inputs(*n)[1];
+                    match &self.m.node(v).kind {
+                        NodeKind::Const(c) => matches!(c, Const::Graph(_)),
+                        _ => self.m.node(v).graph.is_none_or(|o| set.contains(&o)),
+                    }
+                }
+            });
+            if dynamic {
+                return None;
+            }
+        }
+        let mut sub = Module {
+            world: self.m.world,
+            ..Module::default()
+        };
+        // The free variables of `f` become parameters of the copy, after
+        // its own; `f`'s stand-in passes them (and so captures them as `f`
+        // did).
+        let (map, free) = crate::ir::copy::copy_reachable(self.m, &[f], &mut sub, true)?;
+        let root = map[&f];
+        simplify(&mut sub, root);
+        let (back, _) = crate::ir::copy::copy_reachable(&sub, &[root], self.m, false)?;
+        let closed = back[&root];
+        let c = if free.is_empty() {
+            closed
+        } else {
+            let fg = self.m.graph(f).clone();
+            let w = self.m.add_graph_as(fg.name.clone(), fg.loc, fg.role);
+            let mut args: Vec<NodeId> = fg
+                .params
+                .iter()
+                .zip(&fg.param_names)
+                .map(|(p, nm)| {
+                    let ploc = self.m.node(*p).loc;
+                    self.m.add_param(w, nm.clone(), ploc)
+                })
+                .collect();
+            args.extend(free);
+            let callee = self.gref(closed, fg.loc);
+            let mut ins = vec![callee];
+            ins.extend(args);
+            let out = self.m.add_apply(w, ins, fg.loc);
+            self.m.set_output(w, out);
+            w
+        };
+        // Kept only if smaller: inlining can copy a graph used in several
+        // places, and what the untyped rounds cannot resolve (zero guards
+        // in loops) stays.
+        if body_size(self.m, c) >= body_size(self.m, f) {
+            return None;
+        }
+        // The copies' free variables (none outside them), and their loops.
+        self.fv = free_variables(self.m);
+        self.tail_set = None;
+        Some(c)
     }
 
     /// Node `n` from outside the transformed graphs, as graph `g` of a
     /// transform (mode 1: reverse, 2: forward) uses it: `ad_lift(n)`, or
-    /// `n` itself where captures arrive lifted.
+    /// `n` itself where captures arrive lifted or `n` holds no function
+    /// ([`Ad::plain`]).
     fn outside(&mut self, g: GraphId, n: NodeId, mode: u8) -> NodeId {
-        if !self.lift_outside {
+        if !self.lift_outside || self.plain.contains(&n) {
             return n;
         }
         if let Some(l) = self.lifted.get(&(g, n, mode)) {
@@ -688,6 +823,7 @@ impl<'a> Ad<'a> {
     }
 
     fn j_graph(&mut self, f: GraphId, at: Loc) -> R<GraphId> {
+        let f = self.substitute(f);
         let closed = self.fv.get(f).is_empty();
         let key = self.scoped(f, &self.node_map);
         let memo = if closed {
@@ -1635,6 +1771,7 @@ mod tests {
                 &rules,
                 &l.effectful,
                 &mut Provenance::default(),
+                None,
             )
             .unwrap_err();
             assert_eq!(e.message, "`trigamma` has no derivative rule");

@@ -82,7 +82,8 @@ impl GradTarget {
 impl Ad<'_> {
     /// In graph `g`: `h_t` as a closure over the tangents `ts` (one per
     /// argument of the source), J-transformed and called on `args`; the
-    /// gradient it gives, `(env, d_arg..)`.
+    /// gradient it gives, `(env, d_arg..)`. `h` is simplified before it is
+    /// differentiated ([`Ad::simplified`]).
     fn directional_gradient(
         &mut self,
         g: GraphId,
@@ -96,12 +97,27 @@ impl Ad<'_> {
         let h = self
             .m
             .add_graph(format!("tangent.{}", self.m.graph(t.source).name), loc);
-        let qs: Vec<_> = names
+        let mut ins: Vec<_> = names
             .iter()
             .map(|nm| self.m.add_param(h, nm.clone(), loc))
             .collect();
-        let mut ins = qs.clone();
-        ins.extend_from_slice(ts);
+        // A differentiated argument's tangent (a float value, never a
+        // function: not lifted) is made concrete (`grad_finalize` gives a
+        // symbolic zero its argument's shape), so that the simplifier
+        // resolves the zero guards of the rules it meets; a symbolic zero
+        // given is made inside `h`.
+        let which = t.which();
+        for (i, &ti) in ts.iter().enumerate() {
+            let ti = if self.m.applied_prim(ti) == Some(Prim::Zero) {
+                self.zero(h, loc)
+            } else if which.contains(&i) {
+                self.plain.insert(ti);
+                self.prim(h, Prim::GradFinalize, &[ti, ins[i]], loc)
+            } else {
+                ti
+            };
+            ins.push(ti);
+        }
         let ffr = self.gref(ff, loc);
         let r = self.call(h, ffr, &ins, loc);
         let dy = self.get(h, r, 1, loc);
@@ -109,6 +125,7 @@ impl Ad<'_> {
         // The new graphs' free variables, and the new loops among them.
         self.fv = free_variables(self.m);
         self.tail_set = None;
+        let h = self.simplified(h);
         let jh = self.j_graph(h, loc)?;
         let jhr = self.gref(jh, loc);
         let r = self.call(g, jhr, args, loc);

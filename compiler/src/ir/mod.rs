@@ -16,6 +16,7 @@
 //! maps back to a source span.
 
 pub mod analysis;
+pub mod copy;
 pub mod dot;
 pub mod parse;
 pub mod print;

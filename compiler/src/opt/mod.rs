@@ -67,6 +67,13 @@ pub struct Options {
     pub max_typed_passes: usize,
     /// How the typed passes' inference types loaded data.
     pub load_type: Option<LoadType>,
+    /// The result will be differentiated again (reverse mode simplifies
+    /// a derivative before it differentiates it, `ad::run`): keep
+    /// `stop_gradient`, keep every slot of a branch's result (each branch
+    /// of a `switch` must give the same type to be differentiated), and
+    /// keep loops (reverse mode makes one copy of a loop's step, but one
+    /// of each unrolled step).
+    pub to_differentiate: bool,
 }
 
 /// The types of loaded data for the typed passes (see
@@ -91,6 +98,7 @@ impl Default for Options {
             entry: None,
             max_typed_passes: 4,
             load_type: None,
+            to_differentiate: false,
         }
     }
 }
@@ -200,7 +208,9 @@ pub fn optimize(m: &mut Module, roots: &[GraphId], opts: &Options) -> Stats {
             // At a fixpoint, what no rewrite reaches: the unread slots of
             // branch results (escaped backpropagators' rules), then
             // another round to clean up after them.
-            let pruned = {
+            let pruned = if opts.to_differentiate {
+                0
+            } else {
                 let _s = stage!("prune branch results");
                 prune::prune_branch_results(m, &snap)
             };
@@ -524,6 +534,7 @@ impl Rewriter<'_> {
                     self.stats.inlined += 1;
                     self.replace(g, n, out);
                 } else if self.recursive.contains(&h)
+                    && !self.opts.to_differentiate
                     && self.can_inline_body(h, nargs)
                     && self.can_unroll(h, &resolved[1..])
                 {

@@ -100,6 +100,28 @@ impl Rewriter<'_> {
                     }
                 }
             }
+            // is_unit / is_tuple of a value whose kind is plain in the IR
+            // (a default argument `()`, a literal, a tuple built here): the
+            // branches of `flip`'s `axis` and the like, resolved before the
+            // typed pass (a loop in a dead branch was unrolled for ever).
+            Prim::IsUnit | Prim::IsTuple if args.len() == 1 => {
+                let x = args[0];
+                let kind = match self.m.as_const(x) {
+                    Some(Const::Unit) => Some((true, true)),
+                    Some(_) => Some((false, false)),
+                    None => match self.m.applied_prim(x) {
+                        Some(Prim::MakeTuple) => Some((self.m.inputs(x).len() == 1, true)),
+                        Some(Prim::MakeRecord) => Some((false, false)),
+                        Some(q) if self.tensor_valued(x) && q != Prim::Zero => Some((false, false)),
+                        _ => None,
+                    },
+                };
+                kind.map(|(unit, tuple)| {
+                    let b = if p == Prim::IsUnit { unit } else { tuple };
+                    let loc = self.m.node(n).loc;
+                    self.m.add_const(Const::Bool(b), loc)
+                })
+            }
             Prim::IsZero if args.len() == 1 => {
                 let x = args[0];
                 let known = if self.m.applied_prim(x) == Some(Prim::Zero) {
@@ -163,7 +185,7 @@ impl Rewriter<'_> {
                 }
             }
             // After differentiation, stop_gradient is the identity.
-            Prim::StopGradient if args.len() == 1 => Some(args[0]),
+            Prim::StopGradient if args.len() == 1 && !self.opts.to_differentiate => Some(args[0]),
             // tuple_len of a tuple built here (or of `()`).
             Prim::TupleLen if args.len() == 1 => {
                 let t = self.see_through_hide(args[0]);
