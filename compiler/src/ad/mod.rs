@@ -454,9 +454,10 @@ impl<'a> Ad<'a> {
     }
 
     /// A simplified copy of `f`, a derivative built before (see [`run`]),
-    /// or `f` itself: without a simplifier, or when what `f` reaches is not
-    /// closed, uses a custom rule (inlining would lose it), does IO or
-    /// differentiates at run time.
+    /// or `f` itself: without a simplifier, when what `f` reaches does IO
+    /// or differentiates its own values at run time, or when the copy is
+    /// not smaller. Free variables of `f` become parameters of the copy;
+    /// functions with a custom rule are called, never copied.
     fn simplified(&mut self, f: GraphId) -> GraphId {
         if let Some(c) = self.simplified.get(&f) {
             return *c;
@@ -475,11 +476,20 @@ impl<'a> Ad<'a> {
                 .sum::<usize>()
         };
         let simplify = self.simplify?;
-        let custom: HashSet<GraphId> = self.rules.user.iter().flat_map(|(g, r)| [*g, *r]).collect();
         let fv = free_variables(self.m);
         let set: HashSet<GraphId> = reachable_graphs(self.m, &[f]).into_iter().collect();
+        // A function with a custom rule stays itself (inlined, it would
+        // lose its rule): the copies call it.
+        let kept: Vec<GraphId> = set
+            .iter()
+            .copied()
+            .filter(|g| self.rules.user.contains_key(g))
+            .collect();
         for &g in &set {
-            if custom.contains(&g) || self.effectful.contains(&g) {
+            if self.effectful.contains(&g) {
+                return None;
+            }
+            if self.rules.user.contains_key(&g) && !fv.get(g).is_empty() {
                 return None;
             }
             // A transform made at run time (of a function value lifted or
@@ -506,10 +516,21 @@ impl<'a> Ad<'a> {
         // The free variables of `f` become parameters of the copy, after
         // its own; `f`'s stand-in passes them (and so captures them as `f`
         // did).
-        let (map, free) = crate::ir::copy::copy_reachable(self.m, &[f], &mut sub, true)?;
+        let mut stubs = rustc_hash::FxHashMap::default();
+        let mut originals = rustc_hash::FxHashMap::default();
+        for &k in &kept {
+            let kg = self.m.graph(k);
+            let stub = sub.add_graph_as(kg.name.clone(), kg.loc, kg.role);
+            for nm in kg.param_names.clone() {
+                sub.add_param(stub, nm, kg.loc);
+            }
+            stubs.insert(k, stub);
+            originals.insert(stub, k);
+        }
+        let (map, free) = crate::ir::copy::copy_reachable(self.m, &[f], &mut sub, true, &stubs)?;
         let root = map[&f];
         simplify(&mut sub, root);
-        let (back, _) = crate::ir::copy::copy_reachable(&sub, &[root], self.m, false)?;
+        let (back, _) = crate::ir::copy::copy_reachable(&sub, &[root], self.m, false, &originals)?;
         let closed = back[&root];
         let c = if free.is_empty() {
             closed

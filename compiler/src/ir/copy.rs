@@ -7,7 +7,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::analysis::{owned_nodes, reachable_graphs_with};
+use super::analysis::owned_nodes;
 use super::{Const, GraphId, Module, NodeId, NodeKind};
 
 /// Copies the graphs reachable from `roots` in `src` (with every node they
@@ -15,16 +15,19 @@ use super::{Const, GraphId, Module, NodeId, NodeKind};
 /// the free variables of the whole set (nodes it uses that a graph outside
 /// it owns), in the order the copy of `roots[0]` takes them as parameters
 /// after its own: with `lift_free`, each becomes one; without, the copy
-/// fails (`None`) unless the set is closed.
+/// fails (`None`) unless the set is closed. The graphs of `keep` are not
+/// copied (nor what only they reach): uses of them name the graph of `dst`
+/// they map to.
 pub fn copy_reachable(
     src: &Module,
     roots: &[GraphId],
     dst: &mut Module,
     lift_free: bool,
+    keep: &HashMap<GraphId, GraphId>,
 ) -> Option<(HashMap<GraphId, GraphId>, Vec<NodeId>)> {
     let owned = owned_nodes(src);
-    let graphs = reachable_graphs_with(src, roots, &owned);
-    let mut gmap: HashMap<GraphId, GraphId> = HashMap::default();
+    let graphs = reachable_except(src, roots, &owned, keep);
+    let mut gmap: HashMap<GraphId, GraphId> = keep.clone();
     for &g in &graphs {
         let sg = src.graph(g);
         gmap.insert(g, dst.add_graph_as(sg.name.clone(), sg.loc, sg.role));
@@ -84,7 +87,39 @@ pub fn copy_reachable(
             dst.set_output(gmap[&g], out2);
         }
     }
+    for k in keep.keys() {
+        gmap.remove(k);
+    }
     Some((gmap, free))
+}
+
+/// The graphs reachable from `roots` without passing through `keep`.
+fn reachable_except(
+    m: &Module,
+    roots: &[GraphId],
+    owned: &[Vec<NodeId>],
+    keep: &HashMap<GraphId, GraphId>,
+) -> Vec<GraphId> {
+    let mut seen: rustc_hash::FxHashSet<GraphId> = keep.keys().copied().collect();
+    let mut order = Vec::new();
+    let mut stack: Vec<GraphId> = roots.to_vec();
+    while let Some(g) = stack.pop() {
+        if !seen.insert(g) {
+            continue;
+        }
+        order.push(g);
+        for &n in &owned[g.index()] {
+            for &i in m.inputs(n) {
+                if let Some(Const::Graph(h)) = m.as_const(i) {
+                    stack.push(*h);
+                }
+            }
+        }
+        if let Some(Const::Graph(h)) = m.graph(g).output.and_then(|o| m.as_const(o)) {
+            stack.push(*h);
+        }
+    }
+    order
 }
 
 #[cfg(test)]
@@ -107,7 +142,8 @@ mod tests {
         let call = m.add_apply(f, vec![kc, x], loc);
         m.set_output(f, call);
         let mut dst = Module::default();
-        let (gmap, free) = copy_reachable(&m, &[f], &mut dst, false).expect("closed");
+        let (gmap, free) =
+            copy_reachable(&m, &[f], &mut dst, false, &HashMap::default()).expect("closed");
         assert!(free.is_empty());
         assert_eq!(gmap.len(), 2);
         let text = crate::ir::print::print_module(&dst, &[gmap[&f]], None);
@@ -115,9 +151,12 @@ mod tests {
         crate::ir::verify::verify_reachable(&dst, &[gmap[&f]]).expect("valid copy");
         // `k` alone captures `f`'s node: not closed, unless it becomes a
         // parameter of the copy.
-        assert!(copy_reachable(&m, &[k], &mut Module::default(), false).is_none());
+        assert!(
+            copy_reachable(&m, &[k], &mut Module::default(), false, &HashMap::default()).is_none()
+        );
         let mut dst = Module::default();
-        let (gmap, free) = copy_reachable(&m, &[k], &mut dst, true).expect("lifted");
+        let (gmap, free) =
+            copy_reachable(&m, &[k], &mut dst, true, &HashMap::default()).expect("lifted");
         assert_eq!(free, vec![sq]);
         assert_eq!(dst.graph(gmap[&k]).params.len(), 2);
     }
